@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from planner.calibrate.config import RunSpec, run_specs, scaled_model
-from planner.loading import load_model
+from planner.io.loading import load_model
 
 ARCHS = {  # name: overrides (GQA for Llama: 4 query heads share 2 K/V heads)
     "gpt2": {"layers": 4, "hidden": 128, "heads": 4, "ffn": 512, "vocab": 256},

@@ -29,10 +29,10 @@ from typing import Literal
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from planner.loading import cluster_for_gpus  # noqa: E402
-from planner.recipes import get_optimizer, get_precision  # noqa: E402
-from planner.spec import Cluster, Frozen, Layout, ModelSpec, TrainSetup  # noqa: E402
-from planner.steptime import estimate_step  # noqa: E402
+from planner.io.loading import cluster_for_gpus  # noqa: E402
+from planner.core.recipes import get_optimizer, get_precision  # noqa: E402
+from planner.core.spec import Cluster, Frozen, Layout, ModelSpec, TrainSetup  # noqa: E402
+from planner.timing.steptime import estimate_step  # noqa: E402
 
 NARAYANAN = "Narayanan et al. 2021 (Megatron-LM, SC21) Table 1"
 SC21_SCRIPT = "NVIDIA/Megatron-LM examples/sc21/run_table_1.sh"

@@ -30,8 +30,9 @@ sys.path.insert(0, str(ROOT))
 
 import numpy as np  # noqa: E402
 
-from planner import loading, sweep  # noqa: E402
-from planner.jobfile import make_setup  # noqa: E402
+from planner.io import loading  # noqa: E402
+from planner.search import sweep  # noqa: E402
+from planner.io.jobfile import make_setup  # noqa: E402
 
 CASES = [("gpt3-175b", 1024, 1536), ("gpt-1t", 3072, 3072)]
 REPEATS = 10
@@ -40,8 +41,10 @@ REPEATS = 10
 def clear_caches() -> None:
     """Empty every functools cache of the planner modules a sweep uses, so that each repetition
     is a cold sweep() as one CLI invocation sees it (no help from an earlier repetition).
-    `planner.loading` keeps its file cache: the model and cluster are loaded before timing."""
-    from planner import activations, flops, model_states, params, steptime
+    `planner.io.loading` keeps its file cache: the model and cluster are loaded before timing."""
+    from planner.memory import activations, model_states
+    from planner.core import flops, params
+    from planner.timing import steptime
 
     for module in (sweep, params, model_states, activations, flops, steptime):
         for value in vars(module).values():

@@ -1,5 +1,5 @@
 """`python -m planner` runs the zplan CLI."""
 
-from planner.cli import main
+from planner.cli.app import main
 
 main()

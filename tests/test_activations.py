@@ -11,10 +11,10 @@ import math
 
 import pytest
 
-from planner import activations as act
-from planner.errors import PlanInputError
-from planner.recipes import get_optimizer, get_precision
-from planner.spec import Layout, ModelSpec, TrainSetup
+from planner.memory import activations as act
+from planner.core.errors import PlanInputError
+from planner.core.recipes import get_optimizer, get_precision
+from planner.core.spec import Layout, ModelSpec, TrainSetup
 
 GPT3 = ModelSpec(  # Brown et al. 2020 Table 2.1: 96 layers, d_model 12288, 96 heads, f = 4h
     name="gpt3-175b", num_layers=96, hidden_size=12288, num_heads=96, ffn_hidden_size=49152,

@@ -12,8 +12,8 @@ import math
 
 import pytest
 
-from planner import bandwidth as bw
-from planner.errors import PlanInputError
+from planner.timing import bandwidth as bw
+from planner.core.errors import PlanInputError
 
 PEAK = 70e12
 

@@ -11,7 +11,7 @@ import math
 
 import pytest
 
-from planner.budget import (
+from planner.timing.budget import (
     available_flops,
     budget_for_model,
     budget_from_compute,
@@ -19,7 +19,7 @@ from planner.budget import (
     predicted_loss,
 )
 from planner.data import builtin_laws, scaling_law
-from planner.errors import PlanInputError
+from planner.core.errors import PlanInputError
 
 LAW = scaling_law("chinchilla-approach3")
 

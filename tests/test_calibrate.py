@@ -16,14 +16,14 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from planner.activations import layer_activation_bytes, layer_saved_bytes, selective_kept_bytes
+from planner.memory.activations import layer_activation_bytes, layer_saved_bytes, selective_kept_bytes
 from planner.calibrate.compare import compare
 from planner.calibrate.config import scaled_model
 from planner.calibrate.run import run_configuration
-from planner.loading import load_model
-from planner.params import count_params
-from planner.recipes import get_optimizer, get_precision
-from planner.spec import Layout, TrainSetup
+from planner.io.loading import load_model
+from planner.core.params import count_params
+from planner.core.recipes import get_optimizer, get_precision
+from planner.core.spec import Layout, TrainSetup
 from conftest import PACKAGE_PARENT  # tests/ is on sys.path (rootdir conftest), also for plain `pytest`
 
 pytestmark = pytest.mark.torch
@@ -163,7 +163,7 @@ def _run_cli(code: str) -> subprocess.CompletedProcess[str]:
 def test_cli_json_and_calibration_file(tmp_path) -> None:
     out = tmp_path / "calib.yaml"
     proc = _run_cli(
-        "from planner.cli import main; main(['calibrate', '--model', 'gpt2', '--layers', '1', '--hidden', '32', "
+        "from planner.cli.app import main; main(['calibrate', '--model', 'gpt2', '--layers', '1', '--hidden', '32', "
         "'--heads', '2', '--ffn', '128', '--vocab', '50', '--seq-len', '8', '--steps', '1', "
         f"'--peak-tflops', '1', '--json', '--out', '{out}'])")
     assert proc.returncode == 0, proc.stderr
@@ -172,13 +172,13 @@ def test_cli_json_and_calibration_file(tmp_path) -> None:
     rows = {r["quantity"]: r for r in doc["configurations"][0]["rows"]}
     assert rows["parameters"]["error_pct"] == 0
     assert doc["configurations"][0]["measured"]["norm_impl"] == "fused"  # the default, reported
-    from planner.calibration import efficiency_for, load_calibration
+    from planner.io.calibration import efficiency_for, load_calibration
 
     assert efficiency_for(load_calibration(out), "cpu", "fp32") is not None
 
 
 def test_without_torch_prints_install_hint_and_exits_2() -> None:
-    proc = _run_cli("import sys; sys.modules['torch'] = None; from planner.cli import main; "
+    proc = _run_cli("import sys; sys.modules['torch'] = None; from planner.cli.app import main; "
                     "main(['calibrate', '--model', 'gpt2'])")
     assert proc.returncode == 2
     assert "pip install torch==2.13.0" in proc.stderr
@@ -186,7 +186,7 @@ def test_without_torch_prints_install_hint_and_exits_2() -> None:
 
 
 def test_without_torch_the_rest_of_zplan_works() -> None:
-    proc = _run_cli("import sys; sys.modules['torch'] = None; from planner.cli import main; main(['version'])")
+    proc = _run_cli("import sys; sys.modules['torch'] = None; from planner.cli.app import main; main(['version'])")
     assert proc.returncode == 0, proc.stderr
 
 

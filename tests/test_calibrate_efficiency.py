@@ -1,6 +1,6 @@
 """The calibration file's efficiency means what the step-time model means by it.
 
-`zplan calibrate` measures a whole training step; `planner.steptime.estimate_step` wants the
+`zplan calibrate` measures a whole training step; `planner.timing.steptime.estimate_step` wants the
 matmul-level fraction of peak and adds memory-bound kernels and the optimizer step on top. The
 builder therefore inverts the step-time model on the measured one-GPU run. Checked here:
 - the inversion against a hand calculation (tiny GPT-2, a made-up round-number GPU);
@@ -9,7 +9,7 @@ builder therefore inverts the step-time model on the measured one-GPU run. Check
 - end to end: `zplan fit --calibration FILE` on the same tiny model and layout reproduces the
   measured step time (the property that makes a calibration file mean something).
 Hand-calculated FLOPs follow seed 004 §1.2 (24Bsh² + 4Bs²h per block forward at f = 4h, logits
-2BshV, backward = 2 x forward); element-wise bytes follow `planner.steptime.elementwise_layer_bytes`'
+2BshV, backward = 2 x forward); element-wise bytes follow `planner.timing.steptime.elementwise_layer_bytes`'
 kernel list (Shoeybi et al. 2019 §3, Korthikanti et al. 2022 §4.1); Adam bytes per parameter are
 the fp32 recipe's 4 + 4 + 8 (seed 004 note).
 """
@@ -33,16 +33,16 @@ from planner.calibrate.results import (
     StateBytes,
     build_calibration,
 )
-from planner.calibration import (
+from planner.io.calibration import (
     efficiency_for,
     end_to_end_utilisation_for,
     load_calibration,
     write_calibration,
 )
-from planner.errors import PlanInputError
-from planner.loading import load_model
-from planner.recipes import get_optimizer, get_precision
-from planner.spec import Cluster, GpuSpec, Layout, NodeSpec, TrainSetup
+from planner.core.errors import PlanInputError
+from planner.io.loading import load_model
+from planner.core.recipes import get_optimizer, get_precision
+from planner.core.spec import Cluster, GpuSpec, Layout, NodeSpec, TrainSetup
 
 L, H, A, F, V, P = 2, 64, 4, 256, 100, 1024   # layers, hidden, heads, ffn, vocab, GPT-2 positions
 S, B = 16, 2                                  # sequence length, micro-batch
@@ -191,7 +191,7 @@ def test_fit_with_the_calibration_reproduces_the_measured_step(tmp_path: Path) -
     closed form, so only float rounding and the YAML round trip separate the two)."""
     pytest.importorskip("torch")
     from planner.calibrate.run import run_all
-    from planner.loading import cluster_for_gpus
+    from planner.io.loading import cluster_for_gpus
 
     model, setup, layout = tiny_gpt2(), fp32_setup(), Layout(micro_batch=B)
     [result] = run_all([RunSpec(model=model, setup=setup, layout=layout)], steps=1, warmup=1,
@@ -218,8 +218,8 @@ def test_a_step_generated_at_the_a100_default_inverts_back_to_it(recompute: str)
     default) read back by the builder gives 0.628 again; the old whole-step reading gave
     0.628 x (matmul share of the step), which fit then slowed down by the non-matmul time again."""
     from planner.calibrate.results import invert_step_model
-    from planner.loading import cluster_for_gpus
-    from planner.steptime import estimate_step
+    from planner.io.loading import cluster_for_gpus
+    from planner.timing.steptime import estimate_step
 
     model = load_model("gpt2")
     setup = TrainSetup(seq_len=1024, global_batch=8, train_tokens=8192,

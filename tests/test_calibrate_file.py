@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from planner.calibrate.partition import fsdp2_local_numels, zero1_partition_numels
-from planner.calibration import (
+from planner.io.calibration import (
     Calibration,
     EfficiencyEntry,
     efficiency_for,
@@ -15,7 +15,7 @@ from planner.calibration import (
     merge_calibrations,
     write_calibration,
 )
-from planner.errors import PlanInputError
+from planner.core.errors import PlanInputError
 
 
 def _entry(gpu: str, dtype: str, eff: float | None, flops_per_s: float, step_s: float) -> EfficiencyEntry:

@@ -16,14 +16,14 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from planner.activations import layer_saved_bytes
+from planner.memory.activations import layer_saved_bytes
 from planner.calibrate.config import check_norm_impl, scaled_model
 from planner.calibrate.models import FusedLayerNorm, FusedRMSNorm
 from planner.calibrate.run import run_configuration
-from planner.errors import PlanInputError
-from planner.loading import load_model
-from planner.recipes import get_optimizer, get_precision
-from planner.spec import Layout, TrainSetup
+from planner.core.errors import PlanInputError
+from planner.io.loading import load_model
+from planner.core.recipes import get_optimizer, get_precision
+from planner.core.spec import Layout, TrainSetup
 
 pytestmark = pytest.mark.torch
 

@@ -11,9 +11,9 @@ import pytest
 import yaml
 
 from planner.io.fsdp import accelerate_fsdp_config
-from planner.errors import PlanInputError
-from planner.recipes import get_optimizer, get_precision
-from planner.spec import Layout, TrainSetup
+from planner.core.errors import PlanInputError
+from planner.core.recipes import get_optimizer, get_precision
+from planner.core.spec import Layout, TrainSetup
 
 
 def job_file(tmp_path: Path, layout: str, setup: str, model: str = "llama2-7b", cluster: str = "dgx-a100") -> str:
@@ -146,7 +146,7 @@ def _setup(precision: str, batch: int = 8) -> TrainSetup:
 
 
 def test_fsdp_mapping():
-    from planner.loading import load_cluster
+    from planner.io.loading import load_cluster
 
     cluster = load_cluster("dgx-a100x128")
     zero2 = accelerate_fsdp_config(cluster, Layout(dp=16, zero_stage=2, micro_batch=1), _setup("zero-fp16", 16))

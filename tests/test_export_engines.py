@@ -23,9 +23,9 @@ import pytest
 import yaml
 
 from planner.io.export import export_text
-from planner.loading import load_cluster, load_model
-from planner.recipes import get_optimizer, get_precision
-from planner.spec import Layout, TrainSetup
+from planner.io.loading import load_cluster, load_model
+from planner.core.recipes import get_optimizer, get_precision
+from planner.core.spec import Layout, TrainSetup
 
 run = pytest.importorskip("torch.distributed.run")
 pytestmark = pytest.mark.torch

@@ -6,10 +6,10 @@ import math
 
 import pytest
 
-from planner import flops
-from planner.errors import PlanInputError
-from planner.recipes import get_optimizer, get_precision
-from planner.spec import Layout, ModelSpec, TrainSetup
+from planner.core import flops
+from planner.core.errors import PlanInputError
+from planner.core.recipes import get_optimizer, get_precision
+from planner.core.spec import Layout, ModelSpec, TrainSetup
 
 GPT3 = ModelSpec(  # Brown et al. 2020 Table 2.1
     name="gpt3-175b", num_layers=96, hidden_size=12288, num_heads=96, ffn_hidden_size=49152,

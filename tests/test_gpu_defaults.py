@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from planner.loading import list_presets, load_gpu
+from planner.io.loading import list_presets, load_gpu
 
 
 @pytest.mark.parametrize("name", list_presets()["gpus"])

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from planner.loading import data_dir, load_cluster, load_gpu, load_node
-from planner.spec import GIB, ClusterSpec, GpuSpec, NodeSpec
+from planner.io.loading import data_dir, load_cluster, load_gpu, load_node
+from planner.core.spec import GIB, ClusterSpec, GpuSpec, NodeSpec
 
 PROFILES = data_dir("hardware_profiles")
 KINDS = {"gpus": GpuSpec, "nodes": NodeSpec, "clusters": ClusterSpec}

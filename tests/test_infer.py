@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from planner.errors import PlanInputError
-from planner.infer import (
+from planner.core.errors import PlanInputError
+from planner.memory.infer import (
     InferConfig,
     check_config,
     decode_roofline,
@@ -26,7 +26,7 @@ from planner.infer import (
     weights_bytes,
     workspace_bytes,
 )
-from planner.spec import GIB, GpuSpec, ModelSpec
+from planner.core.spec import GIB, GpuSpec, ModelSpec
 
 # meta-llama/Llama-2-7b-hf config.json: MHA, 32 layers, 32 heads of 128
 LLAMA2_7B = ModelSpec(name="llama2-7b", num_layers=32, hidden_size=4096, num_heads=32,

@@ -6,10 +6,10 @@ import json
 
 import pytest
 
-from planner.errors import PlanInputError
+from planner.core.errors import PlanInputError
 from planner.io.deepspeed import deepspeed_config, layout_from_deepspeed, read_deepspeed_config
-from planner.recipes import get_optimizer, get_precision
-from planner.spec import EngineBuffers, Layout, ModelSpec, TrainSetup
+from planner.core.recipes import get_optimizer, get_precision
+from planner.core.spec import EngineBuffers, Layout, ModelSpec, TrainSetup
 
 # A ZeRO-3 + CPU offload config as users write it (DeepSpeed docs "ZeRO-Offload" example shape)
 ZERO3_OFFLOAD = {

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from planner.errors import PlanInputError
+from planner.core.errors import PlanInputError
 from planner.io.hf_config import model_from_hf_config
-from planner.params import count_params
+from planner.core.params import count_params
 
 
 def write_config(tmp_path: Path, config: dict, name: str = "config.json") -> Path:

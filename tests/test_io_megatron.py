@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from planner.errors import PlanInputError
+from planner.core.errors import PlanInputError
 from planner.io.megatron import (
     job_from_megatron,
     megatron_flags,
@@ -12,8 +12,8 @@ from planner.io.megatron import (
     parse_megatron_args,
     read_megatron_args,
 )
-from planner.recipes import get_optimizer, get_precision
-from planner.spec import Cluster, GpuSpec, Layout, ModelSpec, NodeSpec, TrainSetup
+from planner.core.recipes import get_optimizer, get_precision
+from planner.core.spec import Cluster, GpuSpec, Layout, ModelSpec, NodeSpec, TrainSetup
 
 # Shape of NVIDIA/Megatron-LM examples/gpt3/train_gpt3_175b_distributed.sh (GPT-3 175B)
 GPT3_LAUNCH = r"""

@@ -19,9 +19,9 @@ import argparse
 import pytest
 
 from planner.io.megatron import megatron_flags
-from planner.loading import load_model
-from planner.recipes import get_optimizer, get_precision
-from planner.spec import Layout, TrainSetup
+from planner.io.loading import load_model
+from planner.core.recipes import get_optimizer, get_precision
+from planner.core.spec import Layout, TrainSetup
 
 _STORE_TRUE = "store_true"
 

@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from planner.errors import PlanInputError
-from planner.jobfile import JobFile, default_grad_accum, load_job, make_setup
-from planner.loading import load_cluster, load_model
-from planner.recipes import PRECISIONS
+from planner.core.errors import PlanInputError
+from planner.io.jobfile import JobFile, default_grad_accum, load_job, make_setup
+from planner.io.loading import load_cluster, load_model
+from planner.core.recipes import PRECISIONS
 
 # The example of docs/hardware.md, written as a user would type it (300e9 is a YAML string).
 EXAMPLE = """\

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from planner.errors import PlanInputError
-from planner.loading import (
+from planner.core.errors import PlanInputError
+from planner.io.loading import (
     cluster_for_gpus,
     data_dir,
     list_presets,
@@ -19,7 +19,7 @@ from planner.loading import (
     load_model,
     load_node,
 )
-from planner.spec import ModelSpec
+from planner.core.spec import ModelSpec
 
 # A small GPU written out by hand for user folders (numbers are arbitrary test inputs).
 TOY_GPU = {

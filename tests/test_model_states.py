@@ -4,17 +4,17 @@ from __future__ import annotations
 
 import pytest
 
-from planner.errors import PlanInputError
-from planner.model_states import (
+from planner.core.errors import PlanInputError
+from planner.memory.model_states import (
     buffer_bytes,
     buffer_components,
     megatron_zero1_bytes,
     model_state_bytes,
     zero_dp_bytes,
 )
-from planner.params import stage_params
-from planner.recipes import OPTIMIZERS, PRECISIONS
-from planner.spec import Layout, ModelSpec
+from planner.core.params import stage_params
+from planner.core.recipes import OPTIMIZERS, PRECISIONS
+from planner.core.spec import Layout, ModelSpec
 
 ADAM = OPTIMIZERS["adam"]
 FP16 = PRECISIONS["zero-fp16"]
@@ -236,7 +236,7 @@ def test_buffer_components_named_defaults():
 
 
 def test_aio_alignment_of_swap_buffers():
-    from planner.model_states import aio_aligned_numel, optimizer_swap_buffer_bytes
+    from planner.memory.model_states import aio_aligned_numel, optimizer_swap_buffer_bytes
     assert aio_aligned_numel(512, 2) == 512 and aio_aligned_numel(513, 2) == 1024
     assert aio_aligned_numel(256, 4) == 256 and aio_aligned_numel(1, 4) == 256
     # a 3e9-element partition is swapped in sub-groups of at most sub_group_size = 1e9 elements,

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from planner.errors import PlanInputError
-from planner.params import (
+from planner.core.errors import PlanInputError
+from planner.core.params import (
     approx_params_blocks,
     approx_params_with_embeddings,
     count_params,
@@ -13,7 +13,7 @@ from planner.params import (
     layers_per_stage,
     stage_params,
 )
-from planner.spec import ModelSpec
+from planner.core.spec import ModelSpec
 
 
 def gpt2_small(**overrides) -> ModelSpec:

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import pytest
 
-from planner import activations, model_states, params
-from planner.errors import PlanInputError
-from planner.plan import plan_memory, validate_layout
-from planner.recipes import get_optimizer, get_precision
-from planner.spec import Cluster, GpuSpec, Layout, ModelSpec, NodeSpec, TrainSetup
+from planner.memory import activations, model_states
+from planner.core import params
+from planner.core.errors import PlanInputError
+from planner.memory.plan import plan_memory, validate_layout
+from planner.core.recipes import get_optimizer, get_precision
+from planner.core.spec import Cluster, GpuSpec, Layout, ModelSpec, NodeSpec, TrainSetup
 
 GIB = 1024**3
 

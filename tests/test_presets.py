@@ -8,8 +8,8 @@ import pytest
 import yaml
 
 import planner
-from planner.params import count_params
-from planner.spec import ModelSpec
+from planner.core.params import count_params
+from planner.core.spec import ModelSpec
 
 
 def _preset_dir() -> Path:

@@ -21,9 +21,9 @@ from pathlib import Path
 
 import pytest
 
-from planner import flops as flops_mod
-from planner.loading import load_gpu
-from planner.params import count_params
+from planner.core import flops as flops_mod
+from planner.io.loading import load_gpu
+from planner.core.params import count_params
 
 ROOT = Path(__file__).resolve().parents[1]
 _spec = importlib.util.spec_from_file_location("published_runs", ROOT / "benchmarks" / "published_runs.py")

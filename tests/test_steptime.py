@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from planner import steptime as st
-from planner.bandwidth import offload_efficiency
+from planner.timing import steptime as st
+from planner.timing.bandwidth import offload_efficiency
 
 
 def approx(x):
@@ -180,7 +180,7 @@ def test_exposed_never_negative_and_floor_capped():
 
 
 def _gpt(h: int, a: int, layers: int = 1, **kw):
-    from planner.spec import ModelSpec
+    from planner.core.spec import ModelSpec
 
     return ModelSpec(name="g", num_layers=layers, hidden_size=h, num_heads=a,
                      ffn_hidden_size=4 * h, vocab_size=51200, max_seq_len=2048, **kw)

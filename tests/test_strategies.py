@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import pytest
 
-from planner.loading import load_cluster, load_model
-from planner.plan import plan_memory
-from planner.recipes import get_optimizer, get_precision
-from planner.spec import Layout, TrainSetup
-from planner.strategies import cluster_with_gpus, strategy_minimums
+from planner.io.loading import load_cluster, load_model
+from planner.memory.plan import plan_memory
+from planner.core.recipes import get_optimizer, get_precision
+from planner.core.spec import Layout, TrainSetup
+from planner.search.strategies import cluster_with_gpus, strategy_minimums
 
 
 def setup_for(layout: Layout, seq_len: int = 2048) -> TrainSetup:

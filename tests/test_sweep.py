@@ -7,9 +7,12 @@ import random
 import numpy as np
 import pytest
 
-from planner import loading, plan, steptime, sweep
-from planner.jobfile import make_setup
-from planner.spec import Layout
+from planner.io import loading
+from planner.memory import plan
+from planner.timing import steptime
+from planner.search import sweep
+from planner.io.jobfile import make_setup
+from planner.core.spec import Layout
 
 # (model, cluster, seq_len, global_batch, precision, optimizer, flash attention)
 CASES = [
@@ -231,7 +234,7 @@ def test_interleaved_candidates_match_plan_memory():
 def test_interleaved_front_peak_equals_the_activations_replay():
     """max(held*c + extra*e) over the front = the peak of activations.interleaved_in_flight for
     chunk weights c (every chunk) + e (the embedding chunk on rank 0 / head chunk on rank p-1)."""
-    from planner.activations import interleaved_in_flight
+    from planner.memory.activations import interleaved_in_flight
 
     for p in (2, 3, 4, 6):
         for v in (2, 3, 4):

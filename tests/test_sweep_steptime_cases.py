@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from planner.recipes import get_optimizer, get_precision
-from planner.spec import Cluster, GpuSpec, Layout, ModelSpec, NodeSpec, TrainSetup
-from planner.steptime import estimate_step
+from planner.core.recipes import get_optimizer, get_precision
+from planner.core.spec import Cluster, GpuSpec, Layout, ModelSpec, NodeSpec, TrainSetup
+from planner.timing.steptime import estimate_step
 
 SRC = {k: "test value" for k in ("memory_gib", "peak_tflops", "hbm_gb_per_s", "achieved_efficiency",
                                  "gpus_per_node", "intra_node_gb_per_s", "intra_node_latency_us",
@@ -56,7 +56,7 @@ def test_one_gpu_is_pure_compute_and_mfu_equals_efficiency():
     est = estimate_step(MODEL, cluster(1), Layout(micro_batch=4), SETUP)
     # 41,779,200 FLOPs at 1e12 x 0.5 FLOP/s
     assert est.compute_s == pytest.approx(MODEL_FLOPS / 0.5e12, rel=1e-12)
-    from planner.params import count_params
+    from planner.core.params import count_params
 
     opt = adam_s(count_params(MODEL).total)
     assert est.memory_bound_s == pytest.approx(MEMORY_S, rel=1e-12)  # 1.155072e-6 s
@@ -83,7 +83,7 @@ def test_tensor_parallel_adds_four_all_reduces_per_layer():
     # norms and residual adds stay whole on each tp rank; GeLU and scores are halved
     memory = 3 * 2 * (LN_BDA + GELU / 2 + SCORES / 2) / 1000e9
     assert est.memory_bound_s == pytest.approx(memory, rel=1e-12)
-    from planner.params import stage_params
+    from planner.core.params import stage_params
 
     opt = adam_s(stage_params(MODEL, 2, 1)[0].total)  # Adam on this tp rank's half
     assert est.gpu_optimizer_s == pytest.approx(opt, rel=1e-12)
@@ -107,7 +107,7 @@ def test_pipeline_bubble_and_sends():
 def test_ddp_gradient_all_reduce_total():
     # dp=2, ZeRO-0: all-reduce of the fp16 gradients, 2 x 1/2 x 2·Φ bytes at 100 GB/s, with
     # Φ the exact parameter count (params module; one stage, tp=1, so the GPU holds all of it).
-    from planner.params import count_params
+    from planner.core.params import count_params
 
     phi = count_params(MODEL).total
     est = estimate_step(MODEL, cluster(2), Layout(dp=2, micro_batch=2), SETUP)
@@ -119,7 +119,7 @@ def test_ddp_gradient_all_reduce_total():
 def test_cross_node_dp_uses_the_nic_share():
     # 2 nodes x 1 GPU, dp=2: the all-reduce runs on the inter-node link, 50 GB/s per node,
     # 1 GPU per node -> 50 GB/s per GPU: 2 x 1/2 x 2Φ / 50e9
-    from planner.params import count_params
+    from planner.core.params import count_params
 
     phi = count_params(MODEL).total
     est = estimate_step(MODEL, cluster(1, nodes=2, inter_gb=50.0), Layout(dp=2, micro_batch=2), SETUP)
@@ -130,7 +130,7 @@ def test_cpu_offload_adds_cpu_adam_and_pcie():
     # ZeRO-2 + cpu optimizer, dp=2 in one node: each GPU owns Φ/2 parameters; the node's CPU
     # updates 2 x Φ/2 = Φ parameters at 1e9/s. PCIe: fp16 shard up (exposed) 2·Φ/2 / 25e9,
     # gradient shard down hidden or not behind the backward of the micro-batch.
-    from planner.params import count_params
+    from planner.core.params import count_params
 
     phi = count_params(MODEL).total
     lay = Layout(dp=2, zero_stage=2, offload_optimizer="cpu", micro_batch=2)
@@ -147,7 +147,7 @@ def test_the_layouts_own_ddp_bucket_sets_the_exposed_all_reduce():
     exposed: the backward of a micro-batch (≈ 2.8e-5 s here) hides the all-reduce (≈ 2.2e-6 s)
     except the last bucket. With a 1,000-byte bucket on 2 GPUs at 100 GB/s, alpha 0, its ring
     all-reduce is 2 passes x 1/2 x 1000 B / 100e9 B/s = 1e-8 s."""
-    from planner.spec import EngineBuffers
+    from planner.core.spec import EngineBuffers
 
     layout = Layout(dp=2, micro_batch=2, buffers=EngineBuffers(ddp_bucket_bytes=1000))
     est = estimate_step(MODEL, cluster(2), layout, SETUP)

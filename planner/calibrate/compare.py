@@ -1,14 +1,14 @@
 """Predicted (the planner's functions) against measured (a real torch run), quantity by quantity.
 
-No torch import here: it compares a `Measured` record with `planner.params`, `planner.model_states`,
-`planner.activations` and `planner.flops`, so the tests and the report can use it on stored runs.
+No torch import here: it compares a `Measured` record with `planner.core.params`, `planner.memory.model_states`,
+`planner.memory.activations` and `planner.core.flops`, so the tests and the report can use it on stored runs.
 """
 
 from __future__ import annotations
 
 import math
 
-from planner.activations import (
+from planner.memory.activations import (
     first_stage_extra_bytes,
     last_stage_extra_bytes,
     layer_activation_bytes,
@@ -21,11 +21,11 @@ from planner.calibrate.partition import (
     model_tensor_shapes,
     zero1_partition_numels,
 )
-from planner.flops import step_flops
-from planner.model_states import model_state_bytes
-from planner.params import count_params
-from planner.recipes import get_optimizer, get_precision
-from planner.spec import Frozen, Layout, ModelSpec, TrainSetup
+from planner.core.flops import step_flops
+from planner.memory.model_states import model_state_bytes
+from planner.core.params import count_params
+from planner.core.recipes import get_optimizer, get_precision
+from planner.core.spec import Frozen, Layout, ModelSpec, TrainSetup
 
 
 class Row(Frozen):

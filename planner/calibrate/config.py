@@ -3,10 +3,10 @@ of each recompute mode and precision. No torch import (the CLI builds these befo
 
 from __future__ import annotations
 
-from planner.errors import PlanInputError
-from planner.params import count_params
-from planner.recipes import get_optimizer, get_precision
-from planner.spec import Frozen, Layout, ModelSpec, RecomputeMode, TrainSetup
+from planner.core.errors import PlanInputError
+from planner.core.params import count_params
+from planner.core.recipes import get_optimizer, get_precision
+from planner.core.spec import Frozen, Layout, ModelSpec, RecomputeMode, TrainSetup
 
 RECOMPUTE_MODES: tuple[RecomputeMode, ...] = ("none", "full", "every_k", "selective")
 

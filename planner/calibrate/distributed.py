@@ -24,7 +24,7 @@ from planner.calibrate.compare import Row, distributed_rows
 from planner.calibrate.measure import tensor_bytes
 from planner.calibrate.models import build_model
 from planner.calibrate.run import pick_device, token_batch
-from planner.spec import ModelSpec
+from planner.core.spec import ModelSpec
 
 
 def _batch(model: ModelSpec, seq_len: int, micro_batch: int, device: torch.device):

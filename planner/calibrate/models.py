@@ -1,10 +1,10 @@
-"""Torch models built from a `planner.spec.ModelSpec`: GPT-style and Llama-style decoders, a
-BERT-style encoder, with the recompute policy of a `planner.spec.Layout`.
+"""Torch models built from a `planner.core.spec.ModelSpec`: GPT-style and Llama-style decoders, a
+BERT-style encoder, with the recompute policy of a `planner.core.spec.Layout`.
 
 Every tensor saved for backward is created under a `tags.tensor_class` naming what it is
 (e.g. `fc1_input`), so the saved-tensor hook can attribute it. Attention is explicit matmuls
 on CPU (FlopCounterMode counts no FLOPs for CPU scaled_dot_product_attention) and SDPA on CUDA.
-Parameter layout follows `planner.params` (Q, K, V, O; fc1/fc2 or gate/up/down; two norms).
+Parameter layout follows `planner.core.params` (Q, K, V, O; fc1/fc2 or gate/up/down; two norms).
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from torch.utils.checkpoint import checkpoint
 
 from planner.calibrate import tags
 from planner.calibrate.config import check_norm_impl
-from planner.errors import PlanInputError
-from planner.spec import ModelSpec
+from planner.core.errors import PlanInputError
+from planner.core.spec import ModelSpec
 
 DROPOUT_P = 0.1
 """Dropout probability when the spec has dropout (GPT-2/3 and BERT use 0.1)."""

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 
-from planner.spec import ModelSpec
+from planner.core.spec import ModelSpec
 
 Shape = tuple[int, ...]
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from planner.calibrate.compare import Row, predicted_layout
 from planner.calibrate.config import RunSpec
-from planner.calibration import Calibration, EfficiencyEntry, EfficiencySource
-from planner.spec import Cluster, Frozen, Layout, ModelSpec, TrainSetup
-from planner.steptime import estimate_step
+from planner.io.calibration import Calibration, EfficiencyEntry, EfficiencySource
+from planner.core.spec import Cluster, Frozen, Layout, ModelSpec, TrainSetup
+from planner.timing.steptime import estimate_step
 
 
 class StateBytes(Frozen):

@@ -15,7 +15,7 @@ from planner.calibrate.measure import capture_saved
 from planner.calibrate.models import build_model
 from planner.calibrate.results import ConfigResult, Measured
 from planner.calibrate.train import Trainer
-from planner.spec import Layout, ModelSpec, TrainSetup
+from planner.core.spec import Layout, ModelSpec, TrainSetup
 
 
 def pick_device(requested: str = "auto") -> torch.device:

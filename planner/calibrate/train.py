@@ -17,8 +17,8 @@ from torch import nn
 
 from planner.calibrate.measure import tensor_bytes
 from planner.calibrate.results import StateBytes
-from planner.errors import PlanInputError
-from planner.spec import Optimizer, PrecisionRecipe
+from planner.core.errors import PlanInputError
+from planner.core.spec import Optimizer, PrecisionRecipe
 
 TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 

@@ -1,7 +1,7 @@
 """Data shipped inside the package (read with importlib.resources, works from the wheel).
 
 `scaling_law(name_or_path)` loads one entry of `scaling_laws.yaml`, or of a user's YAML file of
-the same shape, into a `planner.budget.ScalingLaw`.
+the same shape, into a `planner.timing.budget.ScalingLaw`.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from planner.errors import PlanInputError, format_validation_error
+from planner.core.errors import PlanInputError, format_validation_error
 
 
 def _read_laws(text: str, origin: str) -> dict[str, Any]:
@@ -32,7 +32,7 @@ def builtin_laws() -> dict[str, Any]:
 
 def scaling_law(name_or_path: str | None = None):  # -> planner.budget.ScalingLaw
     """A named built-in law (default: the file's `default`), or the first/only law of a YAML file."""
-    from planner.budget import ScalingLaw
+    from planner.timing.budget import ScalingLaw
 
     doc = builtin_laws()
     name = name_or_path or doc["default"]

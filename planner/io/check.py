@@ -7,10 +7,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
-from planner.jobfile import make_setup
-from planner.plan import MemoryPlan, plan_memory
-from planner.spec import Cluster, Frozen, Layout, ModelSpec, TrainSetup
-from planner.strategies import cluster_with_gpus
+from planner.io.jobfile import make_setup
+from planner.memory.plan import MemoryPlan, plan_memory
+from planner.core.spec import Cluster, Frozen, Layout, ModelSpec, TrainSetup
+from planner.search.strategies import cluster_with_gpus
 
 Source = Literal["job", "deepspeed", "megatron"]
 

@@ -18,11 +18,11 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from planner import model_states as ms
-from planner.errors import PlanInputError, format_validation_error
+from planner.memory import model_states as ms
+from planner.core.errors import PlanInputError, format_validation_error
 from planner.io.engine import EngineJob
 from planner.io.hf_config import read_json
-from planner.spec import EngineBuffers, Layout, ModelSpec, TrainSetup, ceil_div
+from planner.core.spec import EngineBuffers, Layout, ModelSpec, TrainSetup, ceil_div
 
 AUTO = "auto"
 BATCH_KEYS = {  # DeepSpeed key -> the zplan flag that fills an "auto"
@@ -93,7 +93,7 @@ def precision_from_deepspeed(config: dict[str, Any], cli_precision: str | None) 
     fp16 -> zero-fp16 (16); neither -> fp32. --precision may name another recipe of the same
     compute dtype (e.g. zero-infinity-fp16 for an fp16 config).
     """
-    from planner.recipes import get_precision
+    from planner.core.recipes import get_precision
 
     enabled = {}
     for section in ("bf16", "fp16"):

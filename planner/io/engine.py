@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from planner.spec import Frozen, Layout, ModelSpec
+from planner.core.spec import Frozen, Layout, ModelSpec
 
 
 class EngineJob(Frozen):

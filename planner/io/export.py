@@ -7,10 +7,10 @@ from typing import TYPE_CHECKING, Literal, get_args
 
 import yaml
 
-from planner.spec import Cluster, Layout, ModelSpec, TrainSetup
+from planner.core.spec import Cluster, Layout, ModelSpec, TrainSetup
 
 if TYPE_CHECKING:
-    from planner.sweep import Constraints
+    from planner.search.sweep import Constraints
 
 Format = Literal["deepspeed", "megatron", "accelerate-fsdp", "torchrun"]
 FORMATS: tuple[str, ...] = get_args(Format)
@@ -39,7 +39,7 @@ def export_text(fmt: Format, model: ModelSpec, cluster: Cluster, layout: Layout,
 
 def search_constraints(fmt: Format) -> Constraints:
     """What the best-layout search may choose so that the format can express it."""
-    from planner.sweep import Constraints
+    from planner.search.sweep import Constraints
 
     if fmt == "deepspeed":
         return Constraints(recompute=("none", "full"), virtual_stages=(1,), sequence_parallel=(False,))

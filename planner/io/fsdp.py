@@ -24,9 +24,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from planner.errors import PlanInputError
+from planner.core.errors import PlanInputError
 from planner.io.torchrun import nodes_and_procs
-from planner.spec import Cluster, Layout, TrainSetup
+from planner.core.spec import Cluster, Layout, TrainSetup
 
 _MIXED_PRECISION = {"bf16-mixed": "bf16", "zero-fp16": "fp16", "fp32": "no"}
 MAIN_PROCESS_PORT = 29500  # accelerate's default when main_process_port is unset (prepare_multi_gpu_env)

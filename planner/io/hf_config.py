@@ -18,8 +18,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from planner.errors import PlanInputError, format_validation_error
-from planner.spec import ModelSpec
+from planner.core.errors import PlanInputError, format_validation_error
+from planner.core.spec import ModelSpec
 
 Config = dict[str, Any]
 

@@ -22,9 +22,9 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from planner.errors import PlanInputError, format_validation_error
+from planner.core.errors import PlanInputError, format_validation_error
 from planner.io.engine import EngineJob
-from planner.spec import Cluster, Layout, ModelSpec, TrainSetup, ceil_div
+from planner.core.spec import Cluster, Layout, ModelSpec, TrainSetup, ceil_div
 
 Args = dict[str, Any]
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import shlex
 
-from planner.errors import PlanInputError
-from planner.spec import Cluster, Layout
+from planner.core.errors import PlanInputError
+from planner.core.spec import Cluster, Layout
 
 
 def nodes_and_procs(cluster: Cluster, layout: Layout) -> tuple[int, int]:

@@ -1,0 +1,50 @@
+"""Shared command plumbing: the exit codes and turning input errors into one line."""
+
+from __future__ import annotations
+
+import functools
+import sys
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import typer
+import yaml
+from pydantic import ValidationError
+
+from planner.core.errors import PlanInputError, format_validation_error
+
+EXIT_FITS = 0
+"""Success, or the plan fits."""
+EXIT_DOES_NOT_FIT = 1
+"""The plan was computed and does not fit: an answer, not an error."""
+EXIT_BAD_INPUT = 2
+"""Bad input: one line `field: message` on stderr, nothing written to stdout."""
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def fail(message: str) -> typer.Exit:
+    """Print one error line to stderr and return the Exit to raise (code 2)."""
+    print(f"zplan: error: {message}", file=sys.stderr)
+    return typer.Exit(EXIT_BAD_INPUT)
+
+
+def input_errors_exit_2(func: F) -> F:
+    """Decorator for commands: any input error becomes one stderr line and exit code 2."""
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return func(*args, **kwargs)
+        except PlanInputError as err:
+            raise fail(str(err)) from None
+        except ValidationError as err:
+            raise fail(format_validation_error(err)) from None
+        except yaml.YAMLError as err:
+            mark = getattr(err, "problem_mark", None)
+            where = f" at line {mark.line + 1}" if mark is not None else ""
+            raise fail(f"malformed YAML{where}: {getattr(err, 'problem', None) or err}") from None
+        except (FileNotFoundError, IsADirectoryError, PermissionError) as err:
+            raise fail(f"{err.filename}: {err.strerror}") from None
+
+    return wrapper  # type: ignore[return-value]

@@ -1,0 +1,68 @@
+"""Rendering: rich tables to stderr for people, JSON to stdout for machines.
+
+One sub-module per command family (`report.fit`, `report.sweep`, ...); the shared helpers are here
+so every command formats bytes, times and JSON the same way.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import Any
+
+from pydantic import BaseModel
+from rich.console import Console
+
+from planner.core.spec import GIB
+
+JSON_SCHEMA_VERSION = 1
+"""Bumped when a `--json` field is renamed or removed (adding fields keeps the version)."""
+
+PIPE_WIDTH = 150
+"""Columns used when stderr is not a terminal (CI logs, pipes): wide enough for every table."""
+
+
+def human_console() -> Console:
+    """The console for human output: stderr, so stdout stays clean for `--json`."""
+    console = Console(stderr=True, highlight=False, soft_wrap=False)
+    if not console.is_terminal and "COLUMNS" not in os.environ:
+        console = Console(stderr=True, highlight=False, soft_wrap=False, width=PIPE_WIDTH)
+    return console
+
+
+def fmt_bytes(n_bytes: float) -> str:
+    """Bytes as GiB with two decimals (binary units, as nvidia-smi and torch report memory)."""
+    return f"{n_bytes / GIB:,.2f} GiB"
+
+
+def gib(n_bytes: float) -> str:
+    """Bytes as a bare GiB number with two decimals (for table cells under a `GiB` header)."""
+    return f"{n_bytes / GIB:,.2f}"
+
+
+def fmt_count(n: float) -> str:
+    """A large count with thousands separators and a short form: 175,181,291,520 (175.2B)."""
+    for div, suffix in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "K")):
+        if abs(n) >= div:
+            return f"{n:,.0f} ({n / div:.1f}{suffix})"
+    return f"{n:,.0f}"
+
+
+def fmt_seconds(seconds: float) -> str:
+    """A duration: ms below one second, s below an hour, then hours or days."""
+    if seconds < 1:
+        return f"{seconds * 1e3:.1f} ms"
+    if seconds < 3600:
+        return f"{seconds:.2f} s"
+    if seconds < 86400 * 2:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 86400:.1f} days"
+
+
+def emit_json(kind: str, payload: dict[str, Any] | BaseModel) -> None:
+    """Write one JSON document to stdout: {"schema_version", "kind", ...payload}."""
+    body = payload.model_dump(mode="json") if isinstance(payload, BaseModel) else payload
+    doc = {"schema_version": JSON_SCHEMA_VERSION, "kind": kind, **body}
+    json.dump(doc, sys.stdout, indent=2)
+    sys.stdout.write("\n")

@@ -1,0 +1,170 @@
+"""Rendering of `zplan fit`, `zplan presets` and `zplan show`."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from rich.table import Table
+
+from planner.cli.report import emit_json, fmt_bytes, fmt_count, fmt_seconds, gib, human_console
+
+if TYPE_CHECKING:
+    from planner.search.fitting import FitResult, ModelSummary
+    from planner.memory.plan import MemoryPlan
+
+BAR_WIDTH = 24
+
+
+def _bar(used: int, capacity: int) -> str:
+    """A text bar of used / capacity; red past capacity."""
+    fraction = used / capacity if capacity else 1.0
+    filled = min(BAR_WIDTH, round(fraction * BAR_WIDTH))
+    colour = "red" if fraction > 1 else "yellow" if fraction > 0.9 else "green"
+    return f"[{colour}]{'█' * filled}[/{colour}]{'·' * (BAR_WIDTH - filled)} {fraction:5.0%}"
+
+
+def memory_table(memory: MemoryPlan) -> Table:
+    """One row per pipeline stage: every part of the per-GPU bytes, total, headroom, bar."""
+    table = Table(title="Memory per GPU, per pipeline stage (GiB)", title_justify="left")
+    for header in ("stage", "layers", "params", "grads", "optimizer", "activations", "in flight",
+                   "buffers", "working", "total", "headroom", "use of GPU"):
+        table.add_column(header, justify="left" if header == "use of GPU" else "right", no_wrap=True)
+    for s in memory.stages:
+        table.add_row(
+            str(s.stage), str(s.num_layers), gib(s.params_bytes), gib(s.grads_bytes),
+            gib(s.optimizer_bytes), gib(s.activations_bytes), str(s.in_flight_microbatches),
+            gib(sum(s.buffers.values())), gib(sum(s.working.values())),
+            gib(s.total_bytes), gib(s.headroom_bytes), _bar(s.total_bytes, s.capacity_bytes),
+        )
+    return table
+
+
+def _layout_line(result: FitResult) -> str:
+    layout = result.layout
+    if layout is None:
+        return "no layout"
+    parts = [f"tp={layout.tp}", f"pp={layout.pp}", f"dp={layout.dp}", f"zero={layout.zero_stage}",
+             f"micro_batch={layout.micro_batch}", f"grad_accum={layout.grad_accum}",
+             f"recompute={layout.recompute}"]
+    if layout.virtual_stages > 1:
+        parts.append(f"virtual_stages={layout.virtual_stages}")
+    if layout.offload_optimizer != "none":
+        parts.append(f"offload_optimizer={layout.offload_optimizer}")
+    if layout.offload_params != "none":
+        parts.append(f"offload_params={layout.offload_params}")
+    if layout.sequence_parallel:
+        parts.append("sequence_parallel")
+    if layout.flash_attention:
+        parts.append("flash_attention")
+    return " ".join(parts)
+
+
+def verdict_line(result: FitResult) -> str:
+    """One line: FITS with the tightest headroom, or DOES NOT FIT and what overflows."""
+    memory = result.memory
+    if memory is None:
+        return f"DOES NOT FIT: no layout of {result.cluster.num_gpus} GPUs fits"
+    if memory.fits:
+        peak = memory.peak_stage
+        return (f"FITS: peak {fmt_bytes(peak.total_bytes)} of {fmt_bytes(peak.capacity_bytes)} "
+                f"on stage {peak.stage} (headroom {fmt_bytes(peak.headroom_bytes)})")
+    return "DOES NOT FIT: " + "; ".join(memory.overflows)
+
+
+def print_fit(result: FitResult) -> None:
+    """Human report of `zplan fit` on stderr."""
+    console = human_console()
+    cluster = result.cluster
+    console.print(
+        f"[bold]{result.model.name}[/bold]: {fmt_count(result.params_total)} parameters  |  "
+        f"{cluster.name}: {cluster.num_gpus} x {cluster.gpu.name} ({cluster.num_nodes} nodes)  |  "
+        f"seq {result.setup.seq_len}, global batch {result.setup.global_batch}, "
+        f"{result.setup.precision.name} + {result.setup.optimizer.name}"
+    )
+    label = "best layout found" if result.searched else "layout"
+    console.print(f"{label}: {_layout_line(result)}")
+    if result.memory is not None:
+        console.print(memory_table(result.memory))
+        node = result.memory.node
+        console.print(
+            f"per node: CPU {fmt_bytes(node.cpu_bytes)} of {fmt_bytes(node.cpu_capacity_bytes)}, "
+            f"NVMe {fmt_bytes(node.nvme_bytes)} of {fmt_bytes(node.nvme_capacity_bytes)}"
+        )
+    if result.step is not None:
+        step = result.step
+        console.print(
+            f"step {fmt_seconds(step.step_s)}, {step.tokens_per_s:,.0f} tokens/s, "
+            f"MFU {step.mfu:.1%}, {step.days:,.1f} days for {result.setup.train_tokens:.3g} tokens "
+            f"({step.gpu_hours:,.0f} GPU-hours)"
+        )
+    if result.strategies:
+        console.print(strategy_table(result))
+    console.print(verdict_line(result), style="bold green" if result.fits else "bold red")
+
+
+def strategy_table(result: FitResult) -> Table:
+    """Minimum GPUs of each strategy."""
+    table = Table(title=f"Minimum GPUs per strategy ({result.cluster.gpu.name}, micro-batch 1, full recompute)",
+                  title_justify="left")
+    table.add_column("strategy")
+    table.add_column("min GPUs", justify="right")
+    table.add_column("layout")
+    for row in result.strategies:
+        layout = row.layout
+        shape = "never fits" if layout is None else f"tp={layout.tp} pp={layout.pp} dp={layout.dp}"
+        table.add_row(row.strategy, "-" if row.min_gpus is None else f"{row.min_gpus:,}", shape)
+    return table
+
+
+def emit(result: FitResult) -> None:
+    """`zplan fit --json`."""
+    emit_json("fit", {"verdict": verdict_line(result), **result.model_dump(mode="json")})
+
+
+def print_presets(listing: dict[str, list[str]], json_out: bool) -> None:
+    """`zplan presets`."""
+    if json_out:
+        emit_json("presets", listing)
+        return
+    console = human_console()
+    for kind, names in listing.items():
+        console.print(f"[bold]{kind}[/bold] ({len(names)}): " + ", ".join(names))
+
+
+def print_model(summary: ModelSummary, json_out: bool) -> None:
+    """`zplan show MODEL`."""
+    if json_out:
+        emit_json("model", summary)
+        return
+    console = human_console()
+    count = summary.params
+    table = Table(title=f"{summary.model.name}: parameters", title_justify="left")
+    table.add_column("part")
+    table.add_column("parameters", justify="right")
+    rows = [
+        ("embeddings", count.embedding),
+        ("one block: attention", count.layer.attention),
+        ("one block: MLP / experts", count.layer.mlp),
+        ("one block: router", count.layer.router),
+        ("one block: norms", count.layer.norms),
+        (f"all {summary.model.num_layers} blocks", count.layers),
+        ("final norm", count.final_norm),
+        ("output projection (untied)", count.lm_head),
+        ("pooler", count.pooler),
+        ("total", count.total),
+        ("active per token", count.active),
+        ("seed approx. 12·nl·hd²", summary.approx_12lh2),
+        ("seed approx. 12·nl·hd² + 2·V·hd", summary.approx_with_embeddings),
+    ]
+    if summary.model.published_params:
+        rows.append(("published", summary.model.published_params))
+    for name, value in rows:
+        table.add_row(name, fmt_count(value))
+    console.print(table)
+    f = summary.flops_per_token
+    per = summary.seq_len
+    console.print(
+        f"FLOPs per token at seq {per}: forward {f.forward_flops / per:,.4g}, backward "
+        f"{f.backward_flops / per:,.4g}, training {f.model_flops / per:,.4g} "
+        f"(6·active params = {6 * count.active:,.4g})"
+    )

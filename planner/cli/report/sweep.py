@@ -1,0 +1,139 @@
+"""Rendering of `zplan sweep`: ranked tables to stderr, JSON / CSV with every column."""
+
+from __future__ import annotations
+
+import csv
+import io
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from planner.cli.report import GIB, emit_json, fmt_seconds
+from planner.search.sweep import SweepResult, SweepRow
+
+
+def layout_label(row: SweepRow) -> str:
+    """Short description of the non-default choices: `z3 off=cpu/- rc=sel sp`."""
+    lay = row.layout
+    parts = [f"z{lay.zero_stage}"]
+    if lay.offload_optimizer != "none" or lay.offload_params != "none":
+        parts.append(f"off={lay.offload_optimizer.replace('none', '-')}/"
+                     f"{lay.offload_params.replace('none', '-')}")
+    if lay.recompute != "none":
+        parts.append(f"rc={lay.recompute[:3]}")
+    if lay.sequence_parallel:
+        parts.append("sp")
+    return " ".join(parts)
+
+
+def _layout_cells(row: SweepRow) -> list[str]:
+    lay = row.layout
+    return [str(lay.tp), str(lay.pp), str(lay.dp), str(lay.virtual_stages), layout_label(row),
+            str(lay.micro_batch), str(lay.grad_accum)]
+
+
+def ranked_table(result: SweepResult) -> Table:
+    """The top layouts, best first."""
+    table = Table(title=f"{result.model} on {result.cluster}: {result.num_gpus} GPUs, "
+                        f"best {len(result.top)} of {result.fitting} fitting "
+                        f"({result.evaluated} evaluated), by {result.sort}")
+    for name in ("#", "tp", "pp", "dp", "v", "states", "mb", "ga", "step", "tokens/s", "MFU",
+                 "days", "GPU-h", "peak GiB", "free GiB"):
+        table.add_column(name, justify="left" if name == "states" else "right")
+    for rank, row in enumerate(result.top, start=1):
+        est = row.estimate
+        table.add_row(str(rank), *_layout_cells(row), fmt_seconds(est.step_s),
+                      f"{est.tokens_per_s:,.0f}", f"{est.mfu:.1%}", f"{est.days:,.1f}",
+                      f"{est.gpu_hours:,.0f}", f"{row.gpu_peak_bytes / GIB:,.1f}",
+                      f"{row.headroom_bytes / GIB:,.1f}")
+    return table
+
+
+def breakdown_table(row: SweepRow) -> Table:
+    """Where the best layout's step time goes."""
+    est = row.estimate
+    table = Table(title=f"step time of #1 ({fmt_seconds(est.step_s)}, efficiency "
+                        f"{est.compute_efficiency:.2f} of dense peak)")
+    table.add_column("term")
+    table.add_column("seconds", justify="right")
+    table.add_column("share", justify="right")
+    for name in ("compute_s", "recompute_s", "memory_bound_s", "tp_comm_s", "pp_comm_s",
+                 "bubble_s", "dp_comm_exposed_s", "offload_s", "cpu_optimizer_s",
+                 "gpu_optimizer_s"):
+        value = getattr(est, name)
+        table.add_row(name.removesuffix("_s"), f"{value:.4f}", f"{value / est.step_s:.1%}")
+    table.add_row("dp_comm (incl. hidden)", f"{est.dp_comm_s:.4f}", "")
+    return table
+
+
+def rejected_table(result: SweepResult) -> Table:
+    """The fastest layouts that do not fit, and why."""
+    table = Table(title=f"fastest rejected layouts ({result.evaluated - result.fitting} rejected)")
+    for name in ("tp", "pp", "dp", "v", "states", "mb", "ga", "step", "rejected because"):
+        table.add_column(name, justify="left" if name in ("states", "rejected because") else "right")
+    for row in result.rejected:
+        table.add_row(*_layout_cells(row), fmt_seconds(row.estimate.step_s), row.reason)
+    return table
+
+
+def scaling_table(results: list[SweepResult]) -> Table:
+    """Best layout per GPU count; scaling efficiency = tokens/s per GPU vs the first count."""
+    table = Table(title="scaling: best layout per GPU count")
+    for name in ("GPUs", "tp", "pp", "dp", "v", "states", "mb", "ga", "step", "tokens/s", "MFU",
+                 "days", "scaling eff."):
+        table.add_column(name, justify="left" if name == "states" else "right")
+    base = None
+    for result in results:
+        if not result.top:
+            table.add_row(str(result.num_gpus), *["-"] * 11, "no fit")
+            continue
+        row = result.top[0]
+        per_gpu = row.estimate.tokens_per_s / result.num_gpus
+        base = base or per_gpu
+        table.add_row(str(result.num_gpus), *_layout_cells(row), fmt_seconds(row.estimate.step_s),
+                      f"{row.estimate.tokens_per_s:,.0f}", f"{row.estimate.mfu:.1%}",
+                      f"{row.estimate.days:,.1f}", f"{per_gpu / base:.1%}")
+    return table
+
+
+def render(console: Console, results: list[SweepResult]) -> None:
+    """Human output for one or several GPU counts."""
+    for result in results:
+        if result.top:
+            console.print(ranked_table(result))
+            console.print(breakdown_table(result.top[0]))
+        else:
+            console.print(f"[bold]{result.model} on {result.cluster}, {result.num_gpus} GPUs:[/] "
+                          f"no layout fits: {result.empty_reason}")
+        if result.rejected:
+            console.print(rejected_table(result))
+        console.print(f"{result.evaluated:,} layouts evaluated in {result.seconds:.2f} s")
+    if len(results) > 1:
+        console.print(scaling_table(results))
+
+
+def flat_row(result: SweepResult, row: SweepRow) -> dict[str, Any]:
+    """Every column of one row, flat (CSV)."""
+    out: dict[str, Any] = {"num_gpus": result.num_gpus, "fits": row.fits}
+    out |= {k: v for k, v in row.layout.model_dump().items() if k != "tempo"}
+    out |= row.estimate.model_dump()
+    out |= {k: getattr(row, k) for k in ("gpu_peak_bytes", "peak_stage", "headroom_bytes",
+                                         "node_cpu_bytes", "node_nvme_bytes", "reason")}
+    return out
+
+
+def csv_text(results: list[SweepResult]) -> str:
+    """Top and rejected rows of every GPU count, every column."""
+    rows = [flat_row(r, row) for r in results for row in (*r.top, *r.rejected)]
+    buffer = io.StringIO()
+    if rows:
+        writer = csv.DictWriter(buffer, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    return buffer.getvalue()
+
+
+def emit(results: list[SweepResult]) -> None:
+    """`--json`: one document with a result per GPU count."""
+    emit_json("sweep", {"results": [r.model_dump(mode="json") for r in results]})

@@ -1,0 +1,8 @@
+"""Inputs and model arithmetic: what is trained, on what, laid out how, and what it costs.
+
+- `spec`: the typed inputs (`ModelSpec`, `Cluster`, `Layout`, `TrainSetup`) and unit constants.
+- `errors`: `PlanInputError`, the one-line bad-input error (exit 2).
+- `recipes`: precision recipes and optimizers (bytes per parameter).
+- `params`: exact parameter counts, and each pipeline stage's tensor-parallel shard.
+- `flops`: training FLOPs per block, per step, per run; MFU / HFU.
+"""

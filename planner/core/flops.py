@@ -1,0 +1,159 @@
+"""FLOPs of training: per block, per step, whole runs, and utilisation (MFU / HFU).
+
+A matmul of (B x N) by (N x M) costs 2·B·N·M FLOPs forward and twice that backward (seed 004
+§1.1): training ≈ 6 FLOPs per parameter per token. One GPT block forward on B sequences of s
+tokens: 24·B·s·h² + 4·B·s²·h (seed 004 §1.2.3); logits 2·B·s·h·V (seed 004 §1.2.4).
+Causal attention is counted over the full s x s scores, as the seed, Megatron (Narayanan et al.
+2021 eq. 3) and PaLM's MFU (Chowdhery et al. 2022, appendix B) do; sliding windows likewise.
+Element-wise work (softmax, norms, activations) is neglected, as in the seed.
+"""
+
+from __future__ import annotations
+
+from planner.core.errors import PlanInputError
+from planner.core.spec import Frozen, Layout, ModelSpec, TrainSetup
+
+SECONDS_PER_DAY = 86_400
+SECONDS_PER_HOUR = 3_600
+
+
+def attention_linear_flops(model: ModelSpec, tokens: float) -> float:
+    """Q, K, V and output projections: 2·tokens·h·(a·d + 2·kv·d) + 2·tokens·(a·d)·h.
+    MHA with a·d = h: 8·tokens·h² (seed 004 §1.2.1 ① and ③); GQA shrinks K and V."""
+    h, d = model.hidden_size, model.head_size
+    qkv = 2 * tokens * h * (model.num_heads + 2 * model.kv_heads) * d
+    out = 2 * tokens * model.num_heads * d * h
+    return qkv + out
+
+
+def attention_core_flops(model: ModelSpec, batch: float, seq_len: int) -> float:
+    """QKᵀ and scores·V: 2·B·s²·(a·d) each -> 4·B·s²·h for MHA (seed 004 §1.2.1 ②), full s²."""
+    return 2 * 2 * batch * seq_len * seq_len * model.num_heads * model.head_size
+
+
+def mlp_flops(model: ModelSpec, tokens: float, width: int) -> float:
+    """One MLP of inner width f: GELU 2 matrices 4·tokens·h·f (16·tokens·h² at f = 4h, seed 004
+    §1.2.2); SwiGLU 3 matrices (gate, up, down) 6·tokens·h·f."""
+    matrices = 3 if model.mlp == "swiglu" else 2
+    return 2 * matrices * tokens * model.hidden_size * width
+
+
+def moe_flops(model: ModelSpec, tokens: float) -> float:
+    """MoE layer: router 2·tokens·h·E + top-k routed experts + shared experts per token."""
+    router = 2 * tokens * model.hidden_size * model.num_experts
+    experts = (model.experts_per_token + model.num_shared_experts) * mlp_flops(
+        model, tokens, model.expert_ffn_size)
+    return router + experts
+
+
+def layer_forward_flops(model: ModelSpec, batch: float, seq_len: int) -> float:
+    """One block forward on `batch` sequences: GPT 24·B·s·h² + 4·B·s²·h (seed 004 §1.2.3)."""
+    tokens = batch * seq_len
+    mlp = moe_flops(model, tokens) if model.is_moe else mlp_flops(model, tokens, model.ffn_hidden_size)
+    return attention_linear_flops(model, tokens) + attention_core_flops(model, batch, seq_len) + mlp
+
+
+def logits_flops(model: ModelSpec, batch: float, seq_len: int) -> float:
+    """Output projection to the vocabulary: 2·B·s·h·V (seed 004 §1.2.4)."""
+    return 2 * batch * seq_len * model.hidden_size * model.vocab_size
+
+
+def forward_flops(model: ModelSpec, batch: float, seq_len: int) -> float:
+    """Whole model forward: L·(24·B·s·h² + 4·B·s²·h) + 2·B·s·h·V (seed 004 §1.3)."""
+    return model.num_layers * layer_forward_flops(model, batch, seq_len) + logits_flops(
+        model, batch, seq_len)
+
+
+def recompute_flops(model: ModelSpec, layout: Layout, batch: float, seq_len: int) -> float:
+    """Extra forward work of activation recompute and of flash attention's backward.
+
+    full / every_k: one more forward of every block (each segment re-runs once; seed 004 §1.4,
+    the 8PD rule). selective: the attention core, QKᵀ and scores·V, 4·B·s²·(a·d) per block
+    (Korthikanti §5). Flash attention's backward recomputes S = QKᵀ (Dao 2023, FlashAttention-2
+    §3.1.2 / Algorithm 2): 2·B·s²·(a·d) per block, on top of any recompute.
+    """
+    layers = model.num_layers
+    if layout.recompute in ("full", "every_k"):
+        extra = layers * layer_forward_flops(model, batch, seq_len)
+    elif layout.recompute == "selective":
+        extra = layers * attention_core_flops(model, batch, seq_len)
+    else:
+        extra = 0.0
+    if layout.flash_attention:
+        extra += layers * attention_core_flops(model, batch, seq_len) / 2
+    return extra
+
+
+class FlopsBreakdown(Frozen):
+    """FLOPs of one optimizer step of the whole job (all GPUs)."""
+
+    forward_flops: float
+    backward_flops: float
+    """2 x forward (seed 004 §1.1.2: two matmuls per forward matmul)."""
+    recompute_flops: float
+    """Extra forward work of activation recompute and flash attention's backward."""
+    model_flops: float
+    """forward + backward: what MFU counts (PaLM appendix B)."""
+    hardware_flops: float
+    """model_flops + recompute_flops: what HFU counts."""
+    tokens: int
+    """Tokens of the step: global_batch x seq_len."""
+
+
+def step_flops(model: ModelSpec, setup: TrainSetup, layout: Layout) -> FlopsBreakdown:
+    """One optimizer step: global_batch sequences of seq_len tokens through the model."""
+    batch, s = setup.global_batch, setup.seq_len
+    forward = forward_flops(model, batch, s)
+    backward = 2 * forward
+    extra = recompute_flops(model, layout, batch, s)
+    return FlopsBreakdown(
+        forward_flops=forward, backward_flops=backward, recompute_flops=extra,
+        model_flops=forward + backward, hardware_flops=forward + backward + extra,
+        tokens=batch * s,
+    )
+
+
+# --------------------------------------------------------------------------- whole runs
+
+
+def _positive(**values: float) -> None:
+    for field, value in values.items():
+        if not value > 0:
+            raise PlanInputError(field, f"must be positive (got {value})")
+
+
+def training_flops(params: float, tokens: float, k: int = 6) -> float:
+    """Named approximation C ≈ k·P·D (seed 004 §1.3, §1.5): k = 6 (forward 2 + backward 4),
+    8 with full recompute (one more forward). GPT-3: 6 x 174.6e9 x 300e9 = 3.14e23."""
+    return k * params * tokens
+
+
+def training_seconds(total_flops: float, num_gpus: int, peak_flops_per_s: float,
+                     utilisation: float) -> float:
+    """Wall time = FLOPs / (GPUs x peak FLOP/s x utilisation) (seed 004 §1.4)."""
+    _positive(num_gpus=num_gpus, peak_flops_per_s=peak_flops_per_s, utilisation=utilisation)
+    return total_flops / (num_gpus * peak_flops_per_s * utilisation)
+
+
+def training_days(total_flops: float, num_gpus: int, peak_flops_per_s: float,
+                  utilisation: float) -> float:
+    """Seed 004 §1.4: GPT-3 175B, 300B tokens, 1024 A100 at 312 TFLOP/s, 0.45, k = 8 -> ≈34 days."""
+    return training_seconds(total_flops, num_gpus, peak_flops_per_s, utilisation) / SECONDS_PER_DAY
+
+
+def gpu_hours(total_flops: float, peak_flops_per_s: float, utilisation: float) -> float:
+    """GPU-hours: FLOPs / (peak FLOP/s x utilisation) / 3600, independent of the GPU count."""
+    _positive(peak_flops_per_s=peak_flops_per_s, utilisation=utilisation)
+    return total_flops / (peak_flops_per_s * utilisation) / SECONDS_PER_HOUR
+
+
+def mfu(model_flops: float, step_time_s: float, num_gpus: int, peak_flops_per_s: float) -> float:
+    """Model FLOPs utilisation (PaLM, Chowdhery et al. 2022, appendix B): model FLOPs of a step
+    (no recompute) over what the GPUs could do at dense peak in that time."""
+    _positive(step_time_s=step_time_s, num_gpus=num_gpus, peak_flops_per_s=peak_flops_per_s)
+    return model_flops / (step_time_s * num_gpus * peak_flops_per_s)
+
+
+def hfu(hardware_flops: float, step_time_s: float, num_gpus: int, peak_flops_per_s: float) -> float:
+    """Hardware FLOPs utilisation: as MFU but counting recompute (Korthikanti §6, PaLM app. B)."""
+    return mfu(hardware_flops, step_time_s, num_gpus, peak_flops_per_s)

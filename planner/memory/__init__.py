@@ -1,0 +1,7 @@
+"""Memory: bytes per GPU, per pipeline stage, per node, for training and inference.
+
+- `model_states`: parameters, gradients and optimizer states under ZeRO 0-3 and offload; buffers.
+- `activations`: the saved-tensor inventory of a block, recompute, pipeline in-flight counts.
+- `plan`: layout rules and the per-stage / per-node memory plan of one layout.
+- `infer`: inference memory (weights, KV cache, runtime) and roofline speed bounds.
+"""

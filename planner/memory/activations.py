@@ -1,0 +1,466 @@
+"""Saved activations: the named tensor inventory of one block, recompute, pipeline stages.
+
+The inventory lists what autograd keeps for backward in ONE transformer block, for ONE
+micro-batch, on ONE GPU (one tensor-parallel rank), in bytes (exact integers). Each entry is a
+named class of saved tensors so `zplan calibrate` can compare it with real torch saved tensors
+(the names are listed in docs/activations.md and must stay stable).
+
+Sources: seed 004 §2.2.3 (the `34sbh + 5as²b` GPT block, fp16) = Korthikanti et al. 2022,
+"Reducing Activation Recomputation in Large Transformer Models" §4.1 (block), §4.2 (tensor and
+sequence parallel), §4.3 (embedding / output extras), §5 (selective recompute); seed 000 §3
+eq.3-4 (checkpoints, AWM, MSWM); seed 003 (Tempo); seed 004 §3.5.1-3.5.2 (40·s·h·L, 1F1B).
+
+Element sizes: `activation_bytes` per activation element (2 for fp16/bf16, 4 for fp32);
+dropout masks 1 byte per element (torch.bool, aten::native_dropout); norm statistics, flash
+attention's log-sum-exp, router probabilities and the loss logits fp32 (4 bytes).
+"""
+
+from __future__ import annotations
+
+from planner.core import params
+from planner.core.errors import PlanInputError
+from planner.core.spec import Frozen, Layout, ModelSpec, TrainSetup, ceil_div
+
+MASK_BYTES = 1
+"""A dropout mask element: torch.bool (aten::native_dropout returns a bool mask)."""
+FP32_BYTES = 4
+"""Norm mean/rstd, flash-attention log-sum-exp, router probabilities, loss logits."""
+TOKEN_ID_BYTES = 8
+"""int64 token ids kept by the embedding lookup for its backward."""
+
+ATTENTION_CORE = (
+    "attn.softmax_output", "attn.softmax_dropout_mask", "attn.softmax_dropout_output",
+    "attn.softmax_lse",
+)
+"""Entries of the attention core (QKᵀ, softmax, dropout, ·V): what selective recompute drops."""
+NEGLECTED_BY_SEED = ("norm1.stats", "norm2.stats")
+"""Entries the seed and Korthikanti leave out (LayerNorm mean and rstd, 8 bytes per token)."""
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def check_tp(model: ModelSpec, layout: Layout, seq_len: int) -> None:
+    """Megatron splits heads, kv groups and MLP widths evenly (the rule of `params.check_tp`:
+    the expert width for MoE models); SP splits the sequence evenly."""
+    params.check_tp(model, layout.tp)
+    if layout.sequence_parallel and seq_len % layout.tp:
+        raise PlanInputError(
+            "seq_len", f"sequence_parallel needs tp={layout.tp} to divide seq_len ({seq_len})"
+        )
+
+
+def replicated_tokens(layout: Layout, seq_len: int) -> int:
+    """Tokens per sequence of the tensors outside the tensor-parallel regions (norm inputs,
+    residual dropout masks, first-linear inputs): all s without SP, s/t with SP (Korthikanti §4.2.2)."""
+    return seq_len // layout.tp if layout.sequence_parallel else seq_len
+
+
+def _norm(prefix: str, model: ModelSpec, tokens: int, e: int) -> dict[str, int]:
+    """A norm keeps its input and fp32 statistics per token: LayerNorm mean + rstd
+    (aten::native_layer_norm), RMSNorm rstd only (fused RMSNorm, Apex/TE)."""
+    stats = 2 if model.norm == "layernorm" else 1
+    return {f"{prefix}.input": tokens * model.hidden_size * e,
+            f"{prefix}.stats": tokens * stats * FP32_BYTES}
+
+
+def attention_saved_bytes(model: ModelSpec, layout: Layout, seq_len: int, micro_batch: int,
+                          activation_bytes: int) -> dict[str, int]:
+    """Self-attention sub-layer, one tp rank (Korthikanti §4.1 "Attention block": 11sbh + 5as²b).
+
+    QKV input 2sbh (not split by t without SP); Q, K 4sbh and V 2sbh; softmax output 2as²b;
+    its dropout mask as²b and output 2as²b; projection input 2sbh; residual dropout mask sbh.
+    GQA without flash: Megatron's unfused DotProductAttention repeat_interleaves K and V to the
+    query heads before the matmuls, so the saved K, V have a heads (megatron/core/transformer/
+    dot_product_attention.py). Flash attention saves q, k, v (kv heads), out and the fp32 softmax
+    log-sum-exp (b, a, s) and no s² tensor (FlashAttention-2 flash_attn_interface.py:
+    `ctx.save_for_backward(q, k, v, out_padded, softmax_lse, rng_state)`); `out` is the same
+    storage as the projection input, counted once.
+    """
+    e, b, s, d = activation_bytes, micro_batch, seq_len, model.head_size
+    heads = model.num_heads // layout.tp           # query heads on this rank
+    kv = model.kv_heads // layout.tp if layout.flash_attention else heads  # K/V heads as saved
+    rep = replicated_tokens(layout, s) * b         # tokens of the unsplit tensors
+    out = {
+        "attn.qkv_input": rep * model.hidden_size * e,
+        "attn.q": s * b * heads * d * e,
+        "attn.k": s * b * kv * d * e,
+        "attn.v": s * b * kv * d * e,
+    }
+    if layout.flash_attention:
+        out["attn.softmax_lse"] = heads * s * b * FP32_BYTES
+    else:
+        out["attn.softmax_output"] = heads * s * s * b * e
+        if model.dropout:
+            out["attn.softmax_dropout_mask"] = heads * s * s * b * MASK_BYTES
+            out["attn.softmax_dropout_output"] = heads * s * s * b * e
+    out["attn.proj_input"] = s * b * heads * d * e
+    if model.dropout:
+        out["attn.dropout_mask"] = rep * model.hidden_size * MASK_BYTES
+    return out
+
+
+def _mlp_inner(prefix: str, model: ModelSpec, tokens: int, width: int, e: int) -> dict[str, int]:
+    """Inside one MLP (or expert), `tokens` rows of `width` (f/t) columns.
+
+    GELU (seed 004 §2.2.3): the GELU input 2sbf and the fc2 input (= GELU output) 2sbf.
+    SwiGLU down(silu(gate(x)) * up(x)) under autograd: SiLU keeps its input (the gate output),
+    the product keeps both operands (SiLU output and up output), down keeps its input (the product).
+    """
+    n = tokens * width * e
+    if model.mlp == "gelu":
+        return {f"{prefix}.act_input": n, f"{prefix}.fc2_input": n}
+    return {f"{prefix}.act_input": n, f"{prefix}.act_output": n,
+            f"{prefix}.up_output": n, f"{prefix}.fc2_input": n}
+
+
+def mlp_saved_bytes(model: ModelSpec, layout: Layout, seq_len: int, micro_batch: int,
+                    activation_bytes: int) -> dict[str, int]:
+    """MLP sub-layer, one tp rank (Korthikanti §4.1 "MLP": 19sbh at f = 4h with GELU).
+
+    fc1 input 2sbh (not split without SP), the inner tensors split by t, residual dropout mask sbh.
+    MoE (every layer): the router keeps the fc1 input and its fp32 softmax output (s·b·E);
+    each token is dispatched to k experts (k·s·b copies, no capacity drop), each expert keeps its
+    inner tensors, and the weighted sum keeps the k expert outputs and the k routing weights.
+    """
+    e, b, s, t = activation_bytes, micro_batch, seq_len, layout.tp
+    h = model.hidden_size
+    rep = replicated_tokens(layout, s) * b
+    out = {"mlp.fc1_input": rep * h * e}
+    if not model.is_moe:
+        out |= _mlp_inner("mlp", model, s * b, model.ffn_hidden_size // t, e)
+    else:
+        k = model.experts_per_token
+        out["moe.router_probs"] = rep * model.num_experts * FP32_BYTES
+        out["moe.expert_input"] = k * rep * h * e
+        out |= _mlp_inner("moe.expert", model, k * s * b, model.expert_ffn_size // t, e)
+        out["moe.expert_output"] = k * rep * h * e
+        out["moe.routing_weights"] = k * rep * e
+        if model.num_shared_experts:
+            shared = _mlp_inner("moe.shared", model, s * b, model.expert_ffn_size // t, e)
+            out |= {name: model.num_shared_experts * n for name, n in shared.items()}
+    if model.dropout:
+        out["mlp.dropout_mask"] = rep * h * MASK_BYTES
+    return out
+
+
+# --------------------------------------------------------------------------- Tempo (seed 003)
+
+
+def _tempo_gelu(inventory: dict[str, int], e: int) -> dict[str, int]:
+    """In-place GELU (seed 003 §3.2): drop the GELU input; the output is already kept as the fc2
+    input; keep one bit per element saying on which side of the minimum (x ≈ -0.75179) the
+    input was, packed 8 per byte (EQUATIONS.md §3: "one bit per element")."""
+    out: dict[str, int] = {}
+    for name, n in inventory.items():
+        if name.endswith(".act_input"):
+            out[name.removesuffix(".act_input") + ".act_sign_bits"] = ceil_div(n // e, 8)
+        else:
+            out[name] = n
+    return out
+
+
+def _tempo_layernorm(inventory: dict[str, int]) -> dict[str, int]:
+    """In-place LayerNorm (seed 003 §3.3): the gradient is computed from the output (already kept
+    as the next linear's input) and the mean/variance; the norm input is dropped."""
+    return {name: n for name, n in inventory.items() if name not in ("norm1.input", "norm2.input")}
+
+
+def _tempo_dropout(inventory: dict[str, int]) -> dict[str, int]:
+    """Sub-layer dropout recomputation (seed 003 §3.4): keep the boolean mask, drop the O(s²)
+    attention dropout output; backward recomputes it as softmax output x mask / (1 - p)."""
+    return {name: n for name, n in inventory.items() if name != "attn.softmax_dropout_output"}
+
+
+def _check_tempo(model: ModelSpec, layout: Layout) -> None:
+    if "gelu" in layout.tempo and model.mlp != "gelu":
+        raise PlanInputError("tempo", f"in-place gelu needs a GELU MLP; model {model.name} uses {model.mlp}")
+    if "dropout" in layout.tempo and not model.dropout:
+        raise PlanInputError("tempo", f"dropout recomputation needs dropout; model {model.name} has none")
+
+
+def apply_tempo(model: ModelSpec, layout: Layout, inventory: dict[str, int],
+                activation_bytes: int) -> dict[str, int]:
+    """Edit the inventory by the Tempo techniques listed in `layout.tempo` (no fudge factor)."""
+    _check_tempo(model, layout)
+    if "gelu" in layout.tempo:
+        inventory = _tempo_gelu(inventory, activation_bytes)
+    if "layernorm" in layout.tempo:
+        inventory = _tempo_layernorm(inventory)
+    if "dropout" in layout.tempo:
+        inventory = _tempo_dropout(inventory)
+    return inventory
+
+
+# --------------------------------------------------------------------------- one block
+
+
+def layer_saved_bytes(model: ModelSpec, layout: Layout, seq_len: int, micro_batch: int,
+                      activation_bytes: int) -> dict[str, int]:
+    """What one block saves for backward: one micro-batch, one GPU, before recompute.
+
+    GPT block at f = 4h, fp16, t = 1: 34sbh + 5as²b + the norm statistics (seed 004 §2.2.3;
+    Korthikanti §4.1). Tensor parallel t without SP: 10sbh stay whole, the rest is split by t;
+    with SP everything is split by t (Korthikanti §4.2). Tempo edits applied (seed 003).
+    """
+    for field, value in (("seq_len", seq_len), ("micro_batch", micro_batch),
+                         ("activation_bytes", activation_bytes)):
+        if value <= 0:
+            raise PlanInputError(field, f"must be a positive integer (got {value})")
+    check_tp(model, layout, seq_len)
+    e = activation_bytes
+    rep = replicated_tokens(layout, seq_len) * micro_batch
+    inventory = (
+        _norm("norm1", model, rep, e)
+        | attention_saved_bytes(model, layout, seq_len, micro_batch, e)
+        | _norm("norm2", model, rep, e)
+        | mlp_saved_bytes(model, layout, seq_len, micro_batch, e)
+    )
+    return apply_tempo(model, layout, inventory, e)
+
+
+def layer_input_bytes(model: ModelSpec, layout: Layout, seq_len: int, micro_batch: int,
+                      activation_bytes: int) -> int:
+    """One block's input, the full-recompute checkpoint: 2sbh in fp16 (Korthikanti §5,
+    seed 004 "重新计算所有 2·sbhL"); Megatron keeps the sequence-parallel shard with SP (÷t)."""
+    return replicated_tokens(layout, seq_len) * micro_batch * model.hidden_size * activation_bytes
+
+
+def layer_activation_bytes(model: ModelSpec, layout: Layout, seq_len: int, micro_batch: int,
+                           activation_bytes: int) -> int:
+    """What one block keeps for backward under `layout.recompute`, one micro-batch, one GPU.
+
+    none: the inventory. selective: the inventory without the attention core (Korthikanti §5:
+    sbh(10 + 24/t) without SP, 34sbh/t with SP). full: the block input. every_k: a block that
+    starts a segment keeps its input, the others nothing; this returns the former
+    (`layers_kept_bytes` counts a stack of blocks).
+    """
+    if layout.recompute in ("full", "every_k"):
+        return layer_input_bytes(model, layout, seq_len, micro_batch, activation_bytes)
+    inventory = layer_saved_bytes(model, layout, seq_len, micro_batch, activation_bytes)
+    if layout.recompute == "selective":
+        return sum(selective_kept_bytes(model, layout, seq_len, micro_batch, activation_bytes,
+                                        inventory).values())
+    return sum(inventory.values())
+
+
+def selective_kept_bytes(model: ModelSpec, layout: Layout, seq_len: int, micro_batch: int,
+                         activation_bytes: int, inventory: dict[str, int]) -> dict[str, int]:
+    """The inventory under selective recompute: without the attention core, and with K and V at
+    kv heads. Megatron checkpoints `core_attention(query, key, value)` (attention.py
+    `_checkpointed_attention_forward`) and repeats K, V to the query heads inside it
+    (dot_product_attention.py), so the kept K, V have kv heads; measured by `zplan calibrate`
+    (tiny Llama, 4 heads, 2 kv heads: attn.k 32,768 B, not 65,536 B; docs/calibrate.md finding 1).
+    """
+    kept = {name: n for name, n in inventory.items() if name not in ATTENTION_CORE}
+    kv_bytes = seq_len * micro_batch * (model.kv_heads // layout.tp) * model.head_size * activation_bytes
+    kept["attn.k"] = kept["attn.v"] = kv_bytes
+    return kept
+
+
+def layers_kept_bytes(model: ModelSpec, layout: Layout, seq_len: int, micro_batch: int,
+                      activation_bytes: int, num_layers: int) -> int:
+    """A stack of `num_layers` blocks under `layout.recompute`: every_k keeps
+    ceil(n / k) checkpoints (seed 000 eq.3 with ci = k), the other modes n x one block."""
+    one = layer_activation_bytes(model, layout, seq_len, micro_batch, activation_bytes)
+    if layout.recompute == "every_k":
+        return ceil_div(num_layers, layout.recompute_every_k) * one
+    return num_layers * one
+
+
+def recompute_working_bytes(model: ModelSpec, layout: Layout, seq_len: int, micro_batch: int,
+                            activation_bytes: int, num_layers: int) -> int:
+    """Re-materialised during backward on top of what is kept (ZeRO-Infinity's AWM, seed 000
+    eq.4): full = one block's whole inventory, every_k = one segment of min(k, n) blocks,
+    selective = one block's attention core plus K, V repeated to the query heads, none = 0."""
+    if layout.recompute == "none" or num_layers == 0:
+        return 0
+    inventory = layer_saved_bytes(model, layout, seq_len, micro_batch, activation_bytes)
+    if layout.recompute == "selective":  # the core, plus K and V repeated to the query heads
+        kept = selective_kept_bytes(model, layout, seq_len, micro_batch, activation_bytes, inventory)
+        return sum(inventory.values()) - sum(kept.values())
+    segment = 1 if layout.recompute == "full" else min(layout.recompute_every_k, num_layers)
+    return segment * sum(inventory.values())
+
+
+# --------------------------------------------------------------------------- pipeline stages
+
+
+def first_stage_extra_bytes(model: ModelSpec, layout: Layout, seq_len: int, micro_batch: int,
+                            activation_bytes: int) -> dict[str, int]:
+    """Embedding extras on the first stage, one micro-batch (Korthikanti §4.3: the embedding
+    dropout mask sbh, ÷t with SP), the int64 token ids the lookup keeps, BERT's embedding norm."""
+    rep = replicated_tokens(layout, seq_len) * micro_batch
+    out = {"embedding.token_ids": seq_len * micro_batch * TOKEN_ID_BYTES}
+    if model.embedding_norm:
+        out |= _norm("embedding.norm", model, rep, activation_bytes)
+    if model.dropout:
+        out["embedding.dropout_mask"] = rep * model.hidden_size * MASK_BYTES
+    return out
+
+
+def last_stage_extra_bytes(model: ModelSpec, layout: Layout, seq_len: int, micro_batch: int,
+                           activation_bytes: int) -> dict[str, int]:
+    """Output extras on the last stage, one micro-batch (Korthikanti §4.3): final norm input,
+    output-layer input 2sbh (÷t with SP), and the fp32 logits the vocab-parallel cross entropy
+    keeps, 4·s·b·V/t (the largest rank has ceil(V/t) rows)."""
+    e = activation_bytes
+    rep = replicated_tokens(layout, seq_len) * micro_batch
+    out: dict[str, int] = {}
+    if model.final_norm:
+        out |= _norm("final_norm", model, rep, e)
+        if "layernorm" in layout.tempo:
+            del out["final_norm.input"]  # in-place norm: the head input is its output (seed 003 §3.3)
+    out["head.input"] = rep * model.hidden_size * e
+    out["head.logits_fp32"] = seq_len * micro_batch * ceil_div(model.vocab_size, layout.tp) * FP32_BYTES
+    return out
+
+
+class StageActivations(Frozen):
+    """Activation bytes of ONE GPU of one pipeline stage at its peak (1F1B)."""
+
+    stage: int
+    """1-based pipeline stage."""
+    num_layers: int
+    in_flight_microbatches: int
+    """Micro-batches whose activations the stage holds at its peak: min(p - i + 1, m) for 1F1B
+    (seed 004 §3.5.2); interleaved: ceil(in_flight_chunks / virtual_stages)."""
+    in_flight_chunks: int
+    """Model-chunk forward passes held at the peak (= in_flight_microbatches when not interleaved)."""
+    per_microbatch_bytes: int
+    """The stage's blocks under the recompute policy + embedding/head extras, one micro-batch."""
+    extras: dict[str, int]
+    """Embedding (first stage) and output-layer (last stage) extras of one micro-batch, by name."""
+    recompute_working_bytes: int
+    """One segment re-materialised during backward (AWM, seed 000 eq.4); 0 without recompute."""
+    total_bytes: int
+    """Peak kept activations + recompute_working_bytes."""
+
+
+def interleaved_in_flight(p: int, rank: int, v: int, m: int,
+                          chunk_bytes: list[int] | None = None) -> list[int]:
+    """Per-chunk forward passes held at the peak on a 0-based pipeline `rank`, interleaved 1F1B.
+
+    Replays Megatron-LM's order (megatron/core/pipeline_parallel/schedules.py,
+    forward_backward_pipelining_with_interleaving): warmup = min(2(p - rank - 1) + (v - 1)p, m·v)
+    forwards (all m·v when m = p), then one forward + one backward each step; forward k runs
+    chunk (k mod pv) // p, backward k the chunks counted down. The peak is the largest
+    sum of counts x `chunk_bytes` (default 1 each); the schedule is periodic after warmup, so
+    warmup + 2pv steps suffice.
+    """
+    weights = chunk_bytes or [1] * v
+    total = m * v
+    warmup = total if m == p else min(2 * (p - rank - 1) + (v - 1) * p, total)
+    counts, best = [0] * v, [0] * v
+
+    def chunk(k: int, forward: bool) -> int:
+        c = (k % (p * v)) // p
+        return c if forward else v - 1 - c
+
+    def size(cs: list[int]) -> int:
+        return sum(c * w for c, w in zip(cs, weights, strict=True))
+
+    for k in range(min(total, warmup + 2 * p * v)):  # forward k, then backward k - warmup
+        counts[chunk(k, True)] += 1
+        if size(counts) > size(best):
+            best = list(counts)
+        if k >= warmup:
+            counts[chunk(k - warmup, False)] -= 1
+    return best
+
+
+def _stage_extras(model: ModelSpec, layout: Layout, setup: TrainSetup, stage: int) -> tuple[
+        dict[str, int], dict[str, int]]:
+    s, b, e = setup.seq_len, layout.micro_batch, setup.precision.activation_bytes
+    first = first_stage_extra_bytes(model, layout, s, b, e) if stage == 1 else {}
+    last = last_stage_extra_bytes(model, layout, s, b, e) if stage == layout.pp else {}
+    return first, last
+
+
+def stage_activations(model: ModelSpec, layout: Layout, setup: TrainSetup,
+                      layers_per_stage: list[int]) -> list[StageActivations]:
+    """Peak activation bytes of one GPU of each pipeline stage.
+
+    1F1B: stage i of p holds min(p - i + 1, m) micro-batches (seed 004 §3.5.2, m = grad_accum).
+    Interleaved (virtual_stages v > 1, each stage's layers split into v equal chunks): the
+    in-flight chunks come from Megatron's schedule; the first stage holds
+    (pv + p - 1) chunks = L/p·(1 + (p - 1)/(pv)) layers of micro-batches, Korthikanti §4.2.3's
+    factor (Narayanan et al. 2021 §2.2.2). Embedding extras ride with chunk 0 of stage 1, head
+    extras with chunk v-1 of stage p.
+    """
+    p, v, m = layout.pp, layout.virtual_stages, layout.grad_accum
+    if len(layers_per_stage) != p:
+        raise PlanInputError("layers_per_stage", f"{len(layers_per_stage)} stages given for pp={p}")
+    s, b, e = setup.seq_len, layout.micro_batch, setup.precision.activation_bytes
+    result = []
+    for stage, n in enumerate(layers_per_stage, start=1):
+        if n % v:
+            raise PlanInputError("virtual_stages", f"virtual_stages={v} must divide the {n} "
+                                 f"layers of pipeline stage {stage}")
+        first, last = _stage_extras(model, layout, setup, stage)
+        chunk = layers_kept_bytes(model, layout, s, b, e, n // v)
+        chunk_bytes = [chunk] * v
+        chunk_bytes[0] += sum(first.values())
+        chunk_bytes[-1] += sum(last.values())
+        if v == 1:
+            counts = [min(p - stage + 1, m)]
+        else:
+            counts = interleaved_in_flight(p, stage - 1, v, m, chunk_bytes)
+        kept = sum(c * w for c, w in zip(counts, chunk_bytes, strict=True))
+        working = recompute_working_bytes(model, layout, s, b, e, n // v)
+        result.append(StageActivations(
+            stage=stage, num_layers=n, in_flight_microbatches=ceil_div(sum(counts), v),
+            in_flight_chunks=sum(counts), per_microbatch_bytes=sum(chunk_bytes),
+            extras=first | last, recompute_working_bytes=working, total_bytes=kept + working,
+        ))
+    return result
+
+
+# --------------------------------------------------------------------------- seed closed forms
+
+
+def seed_layer_bytes_34sbh(s: int, b: int, h: int, a: int, bytes_per: int = 2) -> int:
+    """Named approximation, one GPT block (seed 004 §2.2.3): 34·s·b·h + 5·a·s²·b bytes in fp16
+    (norm statistics and small buffers neglected); scaled by bytes_per / 2 for other dtypes."""
+    return (34 * s * b * h + 5 * a * s * s * b) * bytes_per // 2
+
+
+def korthikanti_bytes(s: int, b: int, h: int, L: int, a: int, t: int, mode: str,
+                      sequence_parallel: bool = False) -> float:
+    """Named approximation, L blocks on one tp rank, fp16 (Korthikanti et al. 2022, Table 2;
+    seed 004 §2.2.2): none sbhL(10 + 24/t + 5as/(ht)); selective sbhL(10 + 24/t);
+    full 2sbhL; with sequence parallelism the 10 becomes 10/t and full becomes 2sbhL/t."""
+    replicated = 10 / t if sequence_parallel else 10  # norms, dropout masks, first-linear inputs
+    if mode == "none":
+        per = replicated + 24 / t + 5 * a * s / (h * t)
+    elif mode == "selective":
+        per = replicated + 24 / t
+    elif mode == "full":
+        per = 2 / t if sequence_parallel else 2
+    else:
+        raise PlanInputError("mode", f"unknown recompute mode {mode!r}; allowed: none, selective, full")
+    return s * b * h * L * per
+
+
+def megatron_40shl_bytes(s: int, h: int, L: int) -> int:
+    """Named approximation, Megatron's rule of thumb for activations with its default recompute
+    (seed 004 §3.5.1): 40·s·h·L bytes (13B, s=4096, h=5120, L=40 -> 33,554,432,000 ≈ 34 GB)."""
+    return 40 * s * h * L
+
+
+def checkpoint_bytes(bsz: int, seq: int, hidden: int, num_layers: int, ci: int) -> float:
+    """Named approximation, ZeRO-Infinity activation checkpoints (seed 000 §3 eq.3):
+    2·bsz·seq·hd·nl/ci bytes, one fp16 block input per ci blocks."""
+    return 2 * bsz * seq * hidden * num_layers / ci
+
+
+def awm_bytes(bsz: int, seq: int, ci: int, hidden: int, heads: int) -> int:
+    """Named approximation, activation working memory (seed 000 §3 eq.4):
+    bsz·seq·ci·(16·hd + 2·heads·seq) bytes, one segment of ci blocks re-materialised."""
+    return bsz * seq * ci * (16 * hidden + 2 * heads * seq)
+
+
+def mswm_bytes(hidden: int) -> int:
+    """Named approximation, model-state working memory (seed 000 §3 eq.4): fp16 parameter and
+    gradient of the largest operator, the hd x 4hd linear: 4·hd·4hd bytes."""
+    return 4 * hidden * 4 * hidden

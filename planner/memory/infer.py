@@ -1,0 +1,402 @@
+"""Inference memory per GPU and roofline speed bounds for autoregressive decoding.
+
+Seed 004 §2.3.2: inference holds the weights (2 bytes per parameter in fp16) and the KV cache
+(`2·b·s·L·h_kv·2` bytes in fp16), and the runtime adds "under 20 %" of the model memory
+(total ≈ 1.2 × model memory, after kipply's "Transformer Inference Arithmetic").
+Speed: a roofline (Williams et al. 2009) per phase: time ≥ max(FLOPs / compute, bytes / HBM).
+Prefill (the prompt) is normally FLOP-bound, decode (one token per step) memory-bound.
+All byte counts are exact integers for the stated convention; approximations are named.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from planner.core.errors import PlanInputError
+from planner.core.params import count_params
+from planner.core.spec import Dtype, Frozen, GpuSpec, ModelSpec, ceil_div
+
+WeightDtype = Literal["fp32", "bf16", "fp16", "int8", "int4"]
+KvDtype = Literal["fp32", "bf16", "fp16", "fp8", "int8"]
+
+WEIGHT_BITS: dict[str, int] = {"fp32": 32, "bf16": 16, "fp16": 16, "int8": 8, "int4": 4}
+"""Bits per stored weight. Quantization scales / zero points are NOT counted (see docs/infer.md)."""
+KV_BYTES: dict[str, int] = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "int8": 1}
+"""Bytes per cached K or V element."""
+LOGITS_BYTES = 4
+"""Logits are materialised in fp32 for sampling (one vocabulary row per sequence)."""
+
+
+class InferConfig(Frozen):
+    """One inference deployment: batch, context, tensor parallelism and dtypes."""
+
+    batch: int
+    """Concurrent sequences (b)."""
+    context: int
+    """Tokens per sequence held in the KV cache: prompt + generated (s)."""
+    tp: int = 1
+    """Tensor-parallel degree; must divide num_heads and num_kv_heads."""
+    weights: WeightDtype = "fp16"
+    kv_dtype: KvDtype = "fp16"
+    activation_bytes: int = Field(default=2, gt=0)
+    """Bytes of one activation element in the forward pass (fp16/bf16: 2)."""
+    flash_attention: bool = True
+    """Fused attention: no b·a·s·s score matrix is materialised."""
+    allow_long_context: bool = False
+    """Plan a context beyond the model's max_seq_len anyway."""
+    prefill_chunk: int | None = Field(default=None, gt=0)
+    """Prompt tokens per forward pass (chunked prefill); None: the whole prompt at once."""
+
+
+class InferMemory(Frozen):
+    """Bytes on one GPU (one tp rank)."""
+
+    weights_bytes: int
+    kv_cache_bytes: int
+    workspace_bytes: int
+    """Peak transient tensors of one layer's forward over the whole prompt, plus the logits."""
+    overhead_bytes: int
+    """Runtime overhead, 20 % of the weights (seed 004 §2.3.2)."""
+    total_bytes: int
+    capacity_bytes: int
+    headroom_bytes: int
+    fits: bool
+
+
+class Roofline(Frozen):
+    """A roofline bound on one phase: time ≥ max(FLOPs / compute roof, bytes / bandwidth)."""
+
+    flops: float
+    """FLOPs on one GPU."""
+    hbm_bytes: int
+    """Bytes one GPU reads from (or writes to) HBM."""
+    intensity_flops_per_byte: float
+    ridge_flops_per_byte: float
+    """Intensity where the compute roof (peak × efficiency) meets the HBM roof."""
+    compute_time_s: float
+    memory_time_s: float
+    time_s: float
+    bound: Literal["compute", "memory"]
+    """`compute` when intensity ≥ ridge (FLOP-bound), else `memory`."""
+
+
+# --------------------------------------------------------------------------- memory formulas
+
+
+def check_config(model: ModelSpec, cfg: InferConfig) -> None:
+    """User-input rules: a decoder, batch and context ≥ 1, context ≤ max_seq_len, tp | heads."""
+    if model.arch != "decoder":
+        raise PlanInputError("model", f"{model.name} is an encoder; infer plans decoders with a KV cache")
+    if cfg.batch < 1:
+        raise PlanInputError("batch", f"must be >= 1, got {cfg.batch}")
+    if cfg.context < 1:
+        raise PlanInputError("context", f"must be >= 1, got {cfg.context}")
+    if cfg.context > model.max_seq_len and not cfg.allow_long_context:
+        raise PlanInputError(
+            "context", f"{cfg.context} exceeds {model.name}'s max_seq_len {model.max_seq_len}; "
+            "pass --allow-long-context to plan it anyway")
+    check_tp(model, cfg.tp)
+
+
+def check_tp(model: ModelSpec, tp: int) -> None:
+    """tp must divide the query heads and the kv heads (Megatron splits attention by heads)."""
+    if tp < 1 or model.num_heads % tp or model.kv_heads % tp:
+        raise PlanInputError(
+            "tp", f"must divide num_heads ({model.num_heads}) and num_kv_heads ({model.kv_heads}), "
+            f"got {tp}; allowed: {', '.join(map(str, tp_candidates(model)))}")
+
+
+def tp_candidates(model: ModelSpec) -> list[int]:
+    """Every tp that divides both head counts (kv heads divide the query heads)."""
+    return [t for t in range(1, model.kv_heads + 1) if model.kv_heads % t == 0]
+
+
+def weights_bytes(num_params: int, weights: str, tp: int = 1) -> int:
+    """Weight bytes on one tp rank: ceil(P · bits / 8) split evenly over tp (seed 004 §2.3.2: 2P fp16).
+
+    Approximation: norms (replicated in Megatron tp) are split like the rest; they are < 0.01 %.
+    """
+    total_bytes = ceil_div(num_params * WEIGHT_BITS[weights], 8)  # int4 packs two per byte
+    return ceil_div(total_bytes, tp)
+
+
+def cached_positions(model: ModelSpec, context: int) -> int:
+    """Positions a sequence keeps in its KV cache: the context, capped by a sliding window.
+
+    Mistral's rolling buffer cache keeps only the last W positions (Jiang et al. 2023, §2).
+    """
+    return min(context, model.sliding_window) if model.sliding_window else context
+
+
+def kv_cache_bytes(model: ModelSpec, batch: int, context: int, kv_bytes: int, tp: int = 1) -> int:
+    """KV cache on one tp rank: 2 · L · kv_heads · head_dim · bytes · b · s ÷ tp.
+
+    Seed 004 §2.3.2 gives `2·b·s·L·h_kv·2` for fp16; here h_kv = kv_heads · head_dim (GQA-aware)
+    and each tp rank holds kv_heads / tp heads.
+    """
+    per_token_bytes = (
+        2  # one K and one V vector
+        * model.num_layers
+        * (model.kv_heads // tp)  # this rank's kv heads
+        * model.head_size
+        * kv_bytes
+    )
+    return per_token_bytes * batch * cached_positions(model, context)
+
+
+def mlp_width(model: ModelSpec) -> int:
+    """Inner MLP width a token passes through: d_ff, or (top-k + shared) · expert width for MoE."""
+    if model.is_moe:
+        return (model.experts_per_token + model.num_shared_experts) * model.expert_ffn_size
+    return model.ffn_hidden_size
+
+
+def workspace_bytes(model: ModelSpec, batch: int, tokens: int, kv_positions: int,
+                    activation_bytes: int, tp: int = 1, flash_attention: bool = True) -> int:
+    """Peak transient memory of a forward pass over `tokens` new tokens per sequence (prefill).
+
+    Derived from the tensor inventory of seed 004 §2.2.3, keeping only what is alive at once in
+    inference (each layer's tensors are freed before the next layer runs):
+    residual stream + norm output (2·h), Q/K/V (a + 2·kv heads)·head_dim / tp, then the larger of
+    the attention stage (scores and probabilities 2·(a/tp)·kv_positions without fused attention,
+    else the attention output a·head_dim/tp) and the MLP stage (GELU: linear output and GELU
+    output, 2·f/tp; SwiGLU: gate, up and their product, 3·f/tp); plus fp32 logits of the last
+    position of each sequence (V/tp). An estimate of the peak, not an allocator trace.
+    """
+    bt = batch * tokens  # token rows in flight
+    heads, kv_heads, d = model.num_heads // tp, model.kv_heads // tp, model.head_size
+    residual = 2 * model.hidden_size  # layer input x and its normalised copy
+    qkv = (heads + 2 * kv_heads) * d  # Q, K, V projections
+    if flash_attention:
+        attention = heads * d  # only the attention output; statistics are negligible
+    else:
+        attention = 2 * heads * kv_positions  # scores and softmax probabilities
+    mlp = (3 if model.mlp == "swiglu" else 2) * mlp_width(model) // tp
+    elements = bt * (residual + qkv + max(attention, mlp))
+    logits = batch * ceil_div(model.vocab_size, tp) * LOGITS_BYTES  # last position, vocab-parallel
+    return elements * activation_bytes + logits
+
+
+def runtime_overhead_bytes(weight_bytes: int) -> int:
+    """20 % of the model memory (seed 004 §2.3.2: runtime costs independent of the KV cache,
+    "generally under 20 %", total ≈ 1.2 × model memory), applied to the weights only as an upper
+    estimate; rounded up."""
+    return ceil_div(weight_bytes * 2, 10)
+
+
+def inference_memory(model: ModelSpec, num_params: int, cfg: InferConfig,
+                     capacity_bytes: int) -> InferMemory:
+    """Bytes on one GPU: weights + KV cache + forward workspace + runtime overhead."""
+    weights = weights_bytes(num_params, cfg.weights, cfg.tp)
+    kv = kv_cache_bytes(model, cfg.batch, cfg.context, KV_BYTES[cfg.kv_dtype], cfg.tp)
+    chunk = min(cfg.context, cfg.prefill_chunk or cfg.context)  # new tokens per forward pass
+    work = workspace_bytes(model, cfg.batch, chunk, cached_positions(model, cfg.context),
+                           cfg.activation_bytes, cfg.tp, cfg.flash_attention)
+    overhead = runtime_overhead_bytes(weights)
+    total = weights + kv + work + overhead
+    return InferMemory(
+        weights_bytes=weights, kv_cache_bytes=kv, workspace_bytes=work, overhead_bytes=overhead,
+        total_bytes=total, capacity_bytes=capacity_bytes,
+        headroom_bytes=capacity_bytes - total, fits=total <= capacity_bytes,
+    )
+
+
+# --------------------------------------------------------------------------- searches
+
+
+def _fits(model: ModelSpec, num_params: int, cfg: InferConfig, capacity_bytes: int) -> bool:
+    return inference_memory(model, num_params, cfg, capacity_bytes).fits
+
+
+def _largest(ok, low: int, high: int) -> int:
+    """Largest n in [low, high] with ok(n), given ok is monotone (true then false); low-1 if none."""
+    if not ok(low):
+        return low - 1
+    while low < high:
+        mid = (low + high + 1) // 2
+        low, high = (mid, high) if ok(mid) else (low, mid - 1)
+    return low
+
+
+def max_batch(model: ModelSpec, num_params: int, cfg: InferConfig, capacity_bytes: int,
+              limit: int = 1 << 24) -> int:
+    """Largest batch that fits at cfg.context (0 if none); memory grows with batch, so bisect."""
+    return _largest(
+        lambda b: _fits(model, num_params, cfg.model_copy(update={"batch": b}), capacity_bytes),
+        1, limit)
+
+
+def max_context(model: ModelSpec, num_params: int, cfg: InferConfig, capacity_bytes: int) -> int:
+    """Largest context that fits at cfg.batch (0 if none), up to max_seq_len (or cfg.context if
+    --allow-long-context asked for more)."""
+    limit = max(model.max_seq_len, cfg.context) if cfg.allow_long_context else model.max_seq_len
+    return _largest(
+        lambda s: _fits(model, num_params, cfg.model_copy(update={"context": s}), capacity_bytes),
+        1, limit)
+
+
+def min_tp(model: ModelSpec, num_params: int, cfg: InferConfig, capacity_bytes: int) -> int | None:
+    """Smallest tp dividing the head counts at which cfg fits on each GPU; None if none does."""
+    for tp in tp_candidates(model):
+        if _fits(model, num_params, cfg.model_copy(update={"tp": tp}), capacity_bytes):
+            return tp
+    return None
+
+
+# --------------------------------------------------------------------------- speed formulas
+
+
+def attention_flops(model: ModelSpec, batch: int, new_tokens: int, past_tokens: int) -> int:
+    """Forward FLOPs of QK^T and (softmax)·V for `new_tokens` queries after `past_tokens` cached.
+
+    Seed 004 §1.2.1: 2·s·s·h for QK^T and the same for ·V per layer, i.e. 4·h per (query, key)
+    pair, with h = a·head_dim; causal, so query i sees keys 1..i (capped by a sliding window).
+    """
+    pairs = sum_visible_keys(past_tokens, past_tokens + new_tokens, model.sliding_window)
+    return 4 * model.num_heads * model.head_size * model.num_layers * batch * pairs
+
+
+def sum_visible_keys(first: int, last: int, window: int | None) -> int:
+    """Σ_{i=first+1}^{last} min(i, w): (query, key) pairs of causal attention, exact integer."""
+    def prefix(n: int) -> int:  # Σ_{i=1}^{n} min(i, w)
+        m = n if window is None else min(n, window)
+        return m * (m + 1) // 2 + (n - m) * m
+    return prefix(last) - prefix(first)
+
+
+def decode_weight_params(model: ModelSpec, total: int, layer_total: int, layer_active: int,
+                         batch: int) -> int:
+    """Parameters read per decode step: all of them for a dense model; for MoE, the experts the
+    batch's b·k routings can touch (at most min(E, b·k) per layer, an upper estimate)."""
+    if not model.is_moe or model.num_experts == model.experts_per_token:
+        return total  # every expert is read
+    per_expert = (layer_total - layer_active) // (model.num_experts - model.experts_per_token)
+    unread = model.num_experts - min(model.num_experts, batch * model.experts_per_token)
+    return total - model.num_layers * unread * per_expert
+
+
+def roofline(flops: float, n_bytes: int, compute_flops_per_s: float,
+             bytes_per_s: float) -> Roofline:
+    """Williams et al. 2009 roofline: time ≥ max(F / compute, B / bandwidth); bound by the larger."""
+    compute_s = flops / compute_flops_per_s
+    memory_s = n_bytes / bytes_per_s
+    return Roofline(
+        flops=flops, hbm_bytes=n_bytes,
+        intensity_flops_per_byte=flops / n_bytes if n_bytes else float("inf"),
+        ridge_flops_per_byte=compute_flops_per_s / bytes_per_s,
+        compute_time_s=compute_s, memory_time_s=memory_s, time_s=max(compute_s, memory_s),
+        bound="compute" if compute_s >= memory_s else "memory",
+    )
+
+
+def prefill_roofline(model: ModelSpec, active_params: int, weight_bytes_per_gpu: int,
+                     cfg: InferConfig, compute_flops_per_s: float, bytes_per_s: float) -> Roofline:
+    """Time to first token ≥ prefill of b × s prompt tokens on one tp rank.
+
+    FLOPs 2·P·b·s (seed 004 §1.5, C_forward ≈ 2·P·D) + causal attention, ÷ tp; bytes: the rank's
+    weights read once + its KV cache written once. Communication between tp ranks is ignored.
+    """
+    flops = (2 * active_params * cfg.batch * cfg.context
+             + attention_flops(model, cfg.batch, cfg.context, 0)) / cfg.tp
+    kv = kv_cache_bytes(model, cfg.batch, cfg.context, KV_BYTES[cfg.kv_dtype], cfg.tp)
+    return roofline(flops, weight_bytes_per_gpu + kv, compute_flops_per_s, bytes_per_s)
+
+
+def decode_roofline(model: ModelSpec, active_params: int, read_weight_bytes_per_gpu: int,
+                    cfg: InferConfig, compute_flops_per_s: float, bytes_per_s: float) -> Roofline:
+    """One decode step (one new token for each of b sequences) at the full context, one tp rank.
+
+    FLOPs 2·P·b + attention over the cached positions, ÷ tp; bytes: the weights it reads plus the
+    whole KV cache (kipply's per-token roofline). The last step of a generation, the slowest.
+    """
+    flops = (2 * active_params * cfg.batch
+             + attention_flops(model, cfg.batch, 1, cfg.context - 1)) / cfg.tp
+    kv = kv_cache_bytes(model, cfg.batch, cfg.context, KV_BYTES[cfg.kv_dtype], cfg.tp)
+    return roofline(flops, read_weight_bytes_per_gpu + kv, compute_flops_per_s, bytes_per_s)
+
+
+# --------------------------------------------------------------------------- the plan
+
+
+class InferPlan(Frozen):
+    """Everything `zplan infer` reports for one model, GPU and deployment."""
+
+    model: str
+    gpu: str
+    config: InferConfig
+    params_total: int
+    params_active: int
+    """Parameters one token passes through (MoE: top-k and shared experts)."""
+    memory: InferMemory
+    max_batch: int
+    """Largest batch that fits at config.context (0: not even one sequence)."""
+    max_context: int
+    """Largest context that fits at config.batch (0: not even one token)."""
+    min_tp: int | None
+    """Smallest tp (dividing the head counts) at which config fits; None if none does."""
+    compute_dtype: Dtype
+    efficiency: float
+    """Fraction of the dense peak the compute roof assumes."""
+    prefill: Roofline
+    decode: Roofline
+    ttft_s: float
+    """Time-to-first-token lower bound: the prefill roofline time."""
+    decode_tokens_per_s: float
+    """Upper bound on generated tokens per second for the whole batch, at the full context."""
+    notes: list[str]
+
+
+def default_compute_dtype(weights: str) -> Dtype:
+    """Matmul dtype: the weights' own for floats; fp16 for int8/int4 weight-only quantization."""
+    return weights if weights in ("fp32", "fp16", "bf16") else "fp16"  # type: ignore[return-value]
+
+
+def plan_inference(model: ModelSpec, gpu: GpuSpec, cfg: InferConfig, efficiency: float | None = None,
+                   compute_dtype: Dtype | None = None) -> InferPlan:
+    """Memory on one GPU, the batch / context / tp limits, and prefill and decode bounds."""
+    check_config(model, cfg)
+    count = count_params(model)
+    eff = gpu.achieved_efficiency if efficiency is None else efficiency
+    if not 0 < eff <= 1:
+        raise PlanInputError("efficiency", f"must be in (0, 1], got {eff}")
+    dtype = compute_dtype or default_compute_dtype(cfg.weights)
+    if dtype not in gpu.peak_tflops:
+        raise PlanInputError("compute_dtype", f"gpu {gpu.name} has no peak for {dtype}; "
+                             f"has {', '.join(sorted(gpu.peak_tflops))}")
+    compute = gpu.peak_flops_per_s(dtype) * eff
+    memory = inference_memory(model, count.total, cfg, gpu.memory_bytes)
+    read_params = decode_weight_params(model, count.total, count.layer.total, count.layer.active,
+                                       cfg.batch)
+    prefill = prefill_roofline(model, count.active, memory.weights_bytes, cfg, compute,
+                               gpu.hbm_bytes_per_s)
+    decode = decode_roofline(model, count.active, weights_bytes(read_params, cfg.weights, cfg.tp),
+                             cfg, compute, gpu.hbm_bytes_per_s)
+    return InferPlan(
+        model=model.name, gpu=gpu.name, config=cfg, params_total=count.total,
+        params_active=count.active, memory=memory,
+        max_batch=max_batch(model, count.total, cfg, gpu.memory_bytes),
+        max_context=max_context(model, count.total, cfg, gpu.memory_bytes),
+        min_tp=min_tp(model, count.total, cfg, gpu.memory_bytes),
+        compute_dtype=dtype, efficiency=eff, prefill=prefill, decode=decode,
+        ttft_s=prefill.time_s, decode_tokens_per_s=cfg.batch / decode.time_s,
+        notes=_notes(model, cfg),
+    )
+
+
+def _notes(model: ModelSpec, cfg: InferConfig) -> list[str]:
+    notes = []
+    if cfg.weights in ("int8", "int4"):
+        notes.append(f"{cfg.weights} weights: quantization scales and zero points are not counted")
+    if model.sliding_window and cfg.context > model.sliding_window:
+        notes.append(f"sliding window {model.sliding_window}: the KV cache holds only the last "
+                     f"{model.sliding_window} positions (rolling buffer)")
+    if cfg.context > model.max_seq_len:
+        notes.append(f"context {cfg.context} beyond max_seq_len {model.max_seq_len} "
+                     "(--allow-long-context)" + ("; learned position embeddings have no rows "
+                                                  "there" if model.position == "learned" else ""))
+    if model.is_moe:
+        notes.append("MoE decode reads at most min(E, batch·top-k) experts per layer (upper estimate)")
+    notes.append("bounds ignore tensor-parallel communication and kernel launch latency")
+    return notes

@@ -1,0 +1,200 @@
+"""Compose the formula modules into one memory plan per GPU, per pipeline stage, per node.
+
+`validate_layout` applies the cross-field rules (every factor printed); `plan_memory` adds up
+model states (planner.model_states), named buffers, activations and recompute working memory
+(planner.activations) for each pipeline stage, and CPU / NVMe bytes for each node.
+"""
+
+from __future__ import annotations
+
+from planner.memory import activations, model_states
+from planner.core import params
+from planner.core.errors import PlanInputError
+from planner.core.spec import GIB, Cluster, Frozen, Layout, ModelSpec, TrainSetup, ceil_div
+
+
+class StageMemory(Frozen):
+    """Bytes on one GPU of one pipeline stage (the tp rank holding the most)."""
+
+    stage: int
+    """Pipeline stage, 1-based."""
+    num_layers: int
+    num_params: int
+    """Parameters held by one GPU of this stage before ZeRO partitioning (its tp/pp shard)."""
+    params_bytes: int
+    grads_bytes: int
+    optimizer_bytes: int
+    activations_bytes: int
+    """Activations kept for backward: micro-batches in flight x bytes per micro-batch."""
+    in_flight_microbatches: int
+    buffers: dict[str, int]
+    """Named temporary buffers (gradient buckets, ZeRO-3 prefetch / live parameters)."""
+    working: dict[str, int]
+    """Named working memory (recompute of one checkpointed segment during backward)."""
+    total_bytes: int
+    capacity_bytes: int
+    headroom_bytes: int
+    """capacity - total; negative when the stage overflows."""
+    fits: bool
+
+
+class NodeMemory(Frozen):
+    """Host bytes of the busiest node: CPU DRAM and NVMe under offload."""
+
+    cpu_bytes: int
+    cpu_capacity_bytes: int
+    nvme_bytes: int
+    nvme_capacity_bytes: int
+
+
+class MemoryPlan(Frozen):
+    """The whole answer to "does it fit": per stage, per node, and what overflows."""
+
+    stages: list[StageMemory]
+    node: NodeMemory
+    fits: bool
+    overflows: list[str]
+    """One phrase per overflowing resource, e.g. `GPU memory on stage 1 by 12.30 GiB`."""
+
+    @property
+    def peak_stage(self) -> StageMemory:
+        """The stage with the least headroom."""
+        return min(self.stages, key=lambda s: s.headroom_bytes)
+
+
+def validate_layout(model: ModelSpec, cluster: Cluster, layout: Layout, setup: TrainSetup) -> None:
+    """Cross-field rules of model x cluster x layout x setup; each error names every factor."""
+    if layout.num_gpus != cluster.num_gpus:
+        raise PlanInputError(
+            "layout",
+            f"tp*pp*dp = {layout.tp}*{layout.pp}*{layout.dp} = {layout.num_gpus} must equal the "
+            f"cluster's GPUs {cluster.num_gpus} ({cluster.num_nodes} nodes x "
+            f"{cluster.node.gpus_per_node})",
+        )
+    for what, heads in (("num_heads", model.num_heads), ("num_kv_heads", model.kv_heads)):
+        if heads % layout.tp:
+            raise PlanInputError("tp", f"tp={layout.tp} must divide {what}={heads}")
+    if layout.pp * layout.virtual_stages > model.num_layers:
+        raise PlanInputError(
+            "pp",
+            f"pp*virtual_stages = {layout.pp}*{layout.virtual_stages} must not exceed "
+            f"num_layers={model.num_layers}",
+        )
+    if layout.virtual_stages > 1 and model.num_layers % (layout.pp * layout.virtual_stages):
+        raise PlanInputError(
+            "virtual_stages",
+            f"num_layers={model.num_layers} must be divisible by pp*virtual_stages = "
+            f"{layout.pp}*{layout.virtual_stages} for the interleaved schedule",
+        )
+    batch = layout.micro_batch * layout.grad_accum * layout.dp
+    if batch != setup.global_batch:
+        raise PlanInputError(
+            "global_batch",
+            f"micro_batch*grad_accum*dp = {layout.micro_batch}*{layout.grad_accum}*{layout.dp} = "
+            f"{batch} must equal global_batch={setup.global_batch}",
+        )
+    if setup.seq_len > model.max_seq_len:
+        raise PlanInputError(
+            "seq_len", f"seq_len={setup.seq_len} exceeds the model's max_seq_len={model.max_seq_len}"
+        )
+    most_layers = ceil_div(model.num_layers, layout.pp)  # the largest pipeline stage
+    if layout.recompute == "every_k" and layout.recompute_every_k > most_layers:
+        raise PlanInputError(
+            "recompute_every_k",
+            f"recompute_every_k={layout.recompute_every_k} exceeds the layers per stage "
+            f"{most_layers} (num_layers={model.num_layers}, pp={layout.pp})",
+        )
+    model_states.check_offload(layout)
+    nvme = "nvme" in (layout.offload_optimizer, layout.offload_params)
+    if nvme and cluster.node.nvme_bytes == 0:
+        raise PlanInputError("offload", f"NVMe offload asked but node {cluster.node.name} has no NVMe")
+
+
+def plan_memory(model: ModelSpec, cluster: Cluster, layout: Layout, setup: TrainSetup) -> MemoryPlan:
+    """Per-stage GPU bytes and busiest-node host bytes for a validated layout."""
+    validate_layout(model, cluster, layout, setup)
+    stage_params = params.stage_params(model, layout.tp, layout.pp)
+    stage_acts = activations.stage_activations(
+        model, layout, setup, [s.num_layers for s in stage_params]
+    )
+    capacity = cluster.gpu.memory_bytes
+    stages: list[StageMemory] = []
+    host: list[tuple[int, int]] = []  # (cpu_bytes, nvme_bytes) per GPU of each stage
+    for index, (sp, act) in enumerate(zip(stage_params, stage_acts, strict=True)):
+        states = model_states.model_state_bytes(sp.total, setup.precision, setup.optimizer, layout)
+        buffers = model_states.buffer_bytes(model, layout, setup.precision, sp)
+        working = {"recompute_segment": act.recompute_working_bytes} if act.recompute_working_bytes else {}
+        kept = act.total_bytes - act.recompute_working_bytes
+        total = states.gpu_total_bytes + kept + sum(buffers.values()) + sum(working.values())
+        stages.append(
+            StageMemory(
+                stage=index + 1,
+                num_layers=sp.num_layers,
+                num_params=sp.total,
+                params_bytes=states.params_bytes,
+                grads_bytes=states.grads_bytes,
+                optimizer_bytes=states.optimizer_bytes,
+                activations_bytes=kept,
+                in_flight_microbatches=act.in_flight_microbatches,
+                buffers=buffers,
+                working=working,
+                total_bytes=total,
+                capacity_bytes=capacity,
+                headroom_bytes=capacity - total,
+                fits=total <= capacity,
+            )
+        )
+        host.append((states.cpu_bytes, states.nvme_bytes))
+    node = _busiest_node(cluster, layout, host)
+    overflows = _overflows(stages, node)
+    return MemoryPlan(stages=stages, node=node, fits=not overflows, overflows=overflows)
+
+
+def _busiest_node(cluster: Cluster, layout: Layout, host: list[tuple[int, int]]) -> NodeMemory:
+    """Host bytes of the node holding the most, with Megatron's rank order.
+
+    Megatron-LM orders ranks tp fastest, then dp, then pp (`parallel_state.py`, order
+    "tp-cp-ep-dp-pp"): global rank r belongs to stage r // (tp*dp); node n holds ranks
+    [n*g, (n+1)*g) for g GPUs per node.
+    """
+    per_node = cluster.node.gpus_per_node
+    ranks_per_stage = layout.tp * layout.dp
+    num_ranks = layout.num_gpus
+
+    def node_sum(node_index: int) -> tuple[int, int]:
+        first, last = node_index * per_node, min((node_index + 1) * per_node, num_ranks)
+        cpu = sum(host[rank // ranks_per_stage][0] for rank in range(first, last))
+        nvme = sum(host[rank // ranks_per_stage][1] for rank in range(first, last))
+        return cpu, nvme
+
+    # Only nodes that hold a stage's first or last rank can mix stages; any other node lies
+    # inside one stage and holds per_node copies of that stage's host bytes.
+    cpu_max = nvme_max = 0
+    for stage, (stage_cpu, stage_nvme) in enumerate(host):
+        first, last = stage * ranks_per_stage, (stage + 1) * ranks_per_stage
+        candidates = [node_sum(first // per_node), node_sum((last - 1) // per_node)]
+        inner = ceil_div(first, per_node)
+        if (inner + 1) * per_node <= last:
+            candidates.append((per_node * stage_cpu, per_node * stage_nvme))
+        cpu_max = max(cpu_max, *(c for c, _ in candidates))
+        nvme_max = max(nvme_max, *(n for _, n in candidates))
+    return NodeMemory(
+        cpu_bytes=cpu_max,
+        cpu_capacity_bytes=cluster.node.cpu_memory_bytes,
+        nvme_bytes=nvme_max,
+        nvme_capacity_bytes=cluster.node.nvme_bytes,
+    )
+
+
+def _overflows(stages: list[StageMemory], node: NodeMemory) -> list[str]:
+    """One phrase per resource that does not fit, naming where and by how much."""
+    out = [
+        f"GPU memory on stage {s.stage} by {-s.headroom_bytes / GIB:.2f} GiB"
+        for s in stages
+        if not s.fits
+    ]
+    if node.cpu_bytes > node.cpu_capacity_bytes:
+        out.append(f"CPU memory per node by {(node.cpu_bytes - node.cpu_capacity_bytes) / GIB:.2f} GiB")
+    if node.nvme_bytes > node.nvme_capacity_bytes:
+        out.append(f"NVMe per node by {(node.nvme_bytes - node.nvme_capacity_bytes) / GIB:.2f} GiB")
+    return out

@@ -1,0 +1,755 @@
+"""Layout search: enumerate every valid parallel layout, evaluate all at once, rank them.
+
+Enumeration (one GPU count): tp divides the GPUs, heads, kv heads and MLP widths and stays in
+a node unless `allow_cross_node_tp`; pp divides num_layers (uneven splits are not enumerated:
+they only add idle layers to a stage; `zplan fit` still accepts them); dp = GPUs / (tp*pp) must
+divide the global batch; virtual stages v divide num_layers / pp and need the micro-batch count
+divisible by pp (Megatron's interleaved-schedule rule); ZeRO 0-3 with optimizer offload
+(cpu for ZeRO >= 1, nvme for ZeRO-3 as DeepSpeed allows) and parameter offload (ZeRO-3);
+recompute none / selective / full; sequence parallel when tp > 1; micro-batches 1, 2, 4, ...
+dividing global_batch / dp, and grad_accum = global_batch / (micro_batch*dp). With dp = 1, ZeRO
+>= 1 is kept only with offload (otherwise it equals ZeRO-0).
+
+Evaluation is vectorised: each candidate is one element of numpy arrays. Quantities that depend
+only on a few dimensions are computed once per combination and gathered back to the candidates:
+stage parameters per (tp, pp) and activations at b = 1 per (tp, recompute, sequence parallel)
+by the scalar formula modules (params, model_states, activations); the interleaved-1F1B replay
+per (p, v, m); model states, buffers and the busiest node per (tp, pp, ZeRO/offload, m > 1).
+The rest are numpy expressions over all candidates. The numpy code mirrors
+`model_states.model_state_bytes`, `model_states.buffer_bytes`, `activations.stage_activations`
+and `steptime.step_terms`; the test suite compares every column with `plan.plan_memory` and
+`steptime.estimate_step` on random layouts.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from fractions import Fraction
+
+import numpy as np
+
+from planner.memory import activations, model_states
+from planner.core import flops, params
+from planner.timing import steptime
+from planner.core.errors import PlanInputError
+from planner.core.recipes import optimizer_bytes_per_param
+from planner.core.spec import GIB, Cluster, Frozen, Layout, ModelSpec, OffloadTarget, TrainSetup
+
+RECOMPUTE_MODES = ("none", "selective", "full")
+TARGETS: tuple[OffloadTarget, ...] = ("none", "cpu", "nvme")
+
+
+class Constraints(Frozen):
+    """Pins on the search space; None leaves a dimension free."""
+
+    tp: tuple[int, ...] | None = None
+    pp: tuple[int, ...] | None = None
+    dp: tuple[int, ...] | None = None
+    virtual_stages: tuple[int, ...] | None = None
+    zero_stage: tuple[int, ...] | None = None
+    offload_optimizer: tuple[OffloadTarget, ...] | None = None
+    offload_params: tuple[OffloadTarget, ...] | None = None
+    recompute: tuple[str, ...] | None = None
+    sequence_parallel: tuple[bool, ...] | None = None
+    micro_batch: tuple[int, ...] | None = None
+    max_tp: int | None = None
+    max_pp: int | None = None
+    max_virtual_stages: int | None = None
+    allow_cross_node_tp: bool = False
+    flash_attention: bool = False
+    """Fixed for every candidate (not a searched dimension)."""
+
+
+def _allowed(value, pinned) -> bool:
+    return pinned is None or value in pinned
+
+
+def _divisors(n: int) -> list[int]:
+    """Divisors of n in increasing order (trial division up to sqrt(n))."""
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return small + [n // d for d in reversed(small) if d * d != n]
+
+
+def _tp_ok(model: ModelSpec, tp: int) -> bool:
+    """tp splits heads, kv heads and MLP widths evenly (params / activations rules)."""
+    try:
+        params.layer_params_per_rank(model, tp)
+    except PlanInputError:
+        return False
+    return True
+
+
+def structures(model: ModelSpec, cluster: Cluster, setup: TrainSetup,
+               c: Constraints) -> list[tuple[int, int, int, int]]:
+    """Every (tp, pp, dp, v) the constraints and the divisibility rules allow."""
+    n, node = cluster.num_gpus, cluster.node.gpus_per_node
+    out = []
+    for tp in _divisors(n):
+        if not (_allowed(tp, c.tp) and tp <= (c.max_tp or n) and _tp_ok(model, tp)):
+            continue
+        if tp > node and not c.allow_cross_node_tp:
+            continue
+        for pp in _divisors(n // tp):
+            dp = n // (tp * pp)
+            if model.num_layers % pp or not _allowed(pp, c.pp) or pp > (c.max_pp or n):
+                continue
+            if setup.global_batch % dp or not _allowed(dp, c.dp):
+                continue
+            for v in _divisors(model.num_layers // pp) if pp > 1 else [1]:
+                if _allowed(v, c.virtual_stages) and v <= (c.max_virtual_stages or v):
+                    out.append((tp, pp, dp, v))
+    return out
+
+
+def state_options(cluster: Cluster, c: Constraints) -> list[tuple[int, int, int]]:
+    """(zero stage, optimizer target, param target) combinations, as target codes 0/1/2."""
+    nvme = cluster.node.nvme_bytes > 0 and cluster.node.nvme_read_gb_per_s > 0 \
+        and cluster.node.nvme_write_gb_per_s > 0
+    out = []
+    for zero in (0, 1, 2, 3):
+        for opt in TARGETS:
+            for par in TARGETS:
+                if opt != "none" and zero == 0 or par != "none" and zero != 3:
+                    continue
+                if opt == "nvme" and zero != 3:  # DeepSpeed swaps optimizer state only in stage 3
+                    continue
+                if "nvme" in (opt, par) and not nvme:
+                    continue
+                if (_allowed(zero, c.zero_stage) and _allowed(opt, c.offload_optimizer)
+                        and _allowed(par, c.offload_params)):
+                    out.append((zero, TARGETS.index(opt), TARGETS.index(par)))
+    return out
+
+
+# --------------------------------------------------------------------------- candidates
+
+
+def micro_batch_options(setup: TrainSetup, c: Constraints) -> list[int]:
+    """1, 2, 4, ... up to the global batch, or the pinned values."""
+    if c.micro_batch is not None:
+        return sorted(set(c.micro_batch))
+    return [2**k for k in range(setup.global_batch.bit_length()) if 2**k <= setup.global_batch]
+
+
+def enumerate_candidates(model: ModelSpec, cluster: Cluster, setup: TrainSetup,
+                         c: Constraints) -> dict[str, np.ndarray]:
+    """Every valid layout as parallel int64 arrays (one element per candidate).
+
+    First the (tp, pp, dp, v, micro-batch) pairs the batch arithmetic allows, then their product
+    with the ZeRO/offload, recompute and sequence-parallel options, then the cross rules."""
+    struct = np.array(structures(model, cluster, setup, c), dtype=np.int64).reshape(-1, 4)
+    micro = np.array(micro_batch_options(setup, c), dtype=np.int64)
+    s_idx, b_idx = (a.ravel() for a in np.indices((len(struct), len(micro)), dtype=np.int64))
+    per_rank = setup.global_batch // struct[s_idx, 2]
+    b_all = micro[b_idx]
+    ok = per_rank % b_all == 0
+    ok &= (struct[s_idx, 3] == 1) | ((per_rank // b_all) % struct[s_idx, 1] == 0)  # Megatron:
+    s_idx, b_idx = s_idx[ok], b_idx[ok]  # interleaving needs m divisible by pp
+    states = np.array(state_options(cluster, c), dtype=np.int64).reshape(-1, 3)
+    recompute = np.array([i for i, r in enumerate(RECOMPUTE_MODES) if _allowed(r, c.recompute)],
+                         dtype=np.int64)
+    seq_par = np.array([s for s in (False, True) if _allowed(s, c.sequence_parallel)], dtype=bool)
+    # Cross rules: sequence parallel splits the sequence over tp; ZeRO over one dp rank is DDP
+    # unless it offloads. Each involves the pair and one factor, so they are marked on the
+    # product (pairs x states x recompute x sp, in this nesting order) before any column is
+    # built, and only the survivors' columns are.
+    tp_s, dp_s = struct[s_idx, 0], struct[s_idx, 2]
+    sp_ok = ~seq_par | ((tp_s > 1) & (setup.seq_len % tp_s == 0))[:, None]
+    zero_ok = (dp_s > 1)[:, None] | (states[:, 0] == 0) | (states[:, 1] > 0) | (states[:, 2] > 0)
+    shape = (len(s_idx), len(states), len(recompute), len(seq_par))
+    ok = np.broadcast_to(zero_ok[:, :, None, None] & sp_ok[:, None, None, :], shape)
+    pair, state, r, s = np.nonzero(ok)  # in C order: the enumeration order
+    row, b = s_idx[pair], micro[b_idx[pair]]
+    tp, pp, dp, vs = (struct[:, k][row] for k in range(4))
+    zero, opt, par = (states[:, k][state] for k in range(3))
+    return dict(tp=tp, pp=pp, dp=dp, vs=vs, zero=zero, opt=opt, par=par, rec=recompute[r],
+                sp=seq_par[s], b=b, m=setup.global_batch // (dp * b))
+
+
+def layout_at(cands: dict[str, np.ndarray], i: int, c: Constraints | None = None) -> Layout:
+    """The typed Layout of candidate i."""
+    return Layout(
+        tp=int(cands["tp"][i]), pp=int(cands["pp"][i]), dp=int(cands["dp"][i]),
+        virtual_stages=int(cands["vs"][i]), zero_stage=int(cands["zero"][i]),
+        offload_optimizer=TARGETS[int(cands["opt"][i])],
+        offload_params=TARGETS[int(cands["par"][i])],
+        recompute=RECOMPUTE_MODES[int(cands["rec"][i])],
+        sequence_parallel=bool(cands["sp"][i]), micro_batch=int(cands["b"][i]),
+        grad_accum=int(cands["m"][i]), flash_attention=bool(c and c.flash_attention),
+    )
+
+
+def _unique_ints(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """`np.unique(values, return_inverse=True)` for non-negative integers: with a presence
+    table (linear, no sort) when the range is small, else `np.unique`."""
+    size = int(values.max(initial=0)) + 1
+    if size > 4 * values.size + 4096:
+        uniq, inverse = np.unique(values, return_inverse=True)
+        return uniq, inverse.reshape(-1)
+    seen = np.zeros(size, dtype=bool)
+    seen[values] = True
+    return np.flatnonzero(seen), (np.cumsum(seen) - 1)[values]
+
+
+def _group(*keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Unique rows of the stacked non-negative integer keys, in `np.unique`'s sorted order, and
+    each candidate's row index. The columns are packed into one int64 in mixed radix (radix:
+    the column's largest value + 1) and the packed values grouped. When that range would be
+    wide, each column is first replaced by its rank among its distinct values."""
+    n = len(keys[0])
+    keys = [np.asarray(key, dtype=np.int64) for key in keys]
+    radix = [int(key.max(initial=0)) + 1 for key in keys]
+    values = None  # column values by rank, when ranked
+    if math.prod(radix) > 4 * n + 4096:
+        values, keys = zip(*(_unique_ints(key) for key in keys))
+        radix = [max(len(v), 1) for v in values]
+    packed = np.zeros(n, dtype=np.int64)
+    for key, base in zip(keys, radix):
+        packed = packed * base + key
+    uniq, inverse = _unique_ints(packed)
+    columns = []
+    for i in reversed(range(len(keys))):  # unpack the mixed radix, last key first
+        uniq, digit = np.divmod(uniq, radix[i])
+        columns.append(digit if values is None else values[i][digit])
+    return np.stack(columns[::-1], axis=1).astype(np.int64), inverse.astype(np.int64)
+
+
+def _representatives(inverse: np.ndarray, groups: int) -> np.ndarray:
+    """One candidate index per group (any member: every member gives the same value)."""
+    rep = np.zeros(groups, dtype=np.int64)
+    rep[inverse] = np.arange(len(inverse), dtype=np.int64)
+    return rep
+
+
+# --------------------------------------------------------------------------- per-combination tables
+
+
+def stage_table(model: ModelSpec, tp: int, pp: int) -> dict[str, tuple[int, int, int]]:
+    """Scalar facts of the first, a middle and the last stage (params, model_states): parameters
+    per GPU, largest tensor, ZeRO-3 persistent elements; a middle stage exists when pp >= 3."""
+    stages = params.stage_params(model, tp, pp)
+    kinds = (stages[0], stages[1] if pp >= 3 else stages[0], stages[-1])
+    distinct = {s.stage: s for s in kinds}  # pp = 1 and 2 repeat a stage
+    largest = {i: params.largest_param_numel(model, tp, i, pp) for i in distinct}
+    persistent = {i: model_states.zero3_persistent_numel(model, tp, s, pp)
+                  for i, s in distinct.items()}
+    return {
+        "params": tuple(s.total for s in kinds),
+        "largest": tuple(largest[s.stage] for s in kinds),
+        "persistent": tuple(persistent[s.stage] for s in kinds),
+        "max_layers": (max(s.num_layers for s in stages),) * 3,
+        "max_params": (max(s.total for s in stages),) * 3,
+    }
+
+
+def node_stage_counts(tp: int, dp: int, pp: int, gpus_per_node: int,
+                      num_nodes: int) -> list[tuple[int, int, int]]:
+    """Distinct (ranks in the first stage, in middle stages, in the last stage) per node, with
+    Megatron's rank order (stage = rank // (tp*dp)), as `plan._busiest_node` walks them. A node's
+    row changes only where a first/middle or middle/last boundary falls, so the nodes holding the
+    ranks around those boundaries and the two ends, with their neighbours, show every row."""
+    per_stage, rows = tp * dp, set()
+    edges = (0, per_stage, (pp - 1) * per_stage, num_nodes * gpus_per_node)
+    nodes = {n + d for r in edges for n in ((r - 1) // gpus_per_node, r // gpus_per_node)
+             for d in (-1, 0, 1)}
+    for node in sorted(x for x in nodes if 0 <= x < num_nodes):
+        lo, hi = node * gpus_per_node, (node + 1) * gpus_per_node
+        first = max(0, min(hi, per_stage) - lo)
+        last = max(0, hi - max(lo, (pp - 1) * per_stage)) if pp > 1 else 0
+        rows.add((first, gpus_per_node - first - last, last))
+    return sorted(rows)
+
+
+def activation_table(model: ModelSpec, setup: TrainSetup, tp: int, rec: int, sp: bool,
+                     flash: bool) -> tuple[int, int, int, int]:
+    """(one block kept, first extras, last extras, recompute working) bytes at micro_batch = 1
+    from the activations module. Every entry is linear in the micro-batch (b multiplies each
+    product) and a chunk of n blocks keeps n x one block (`layers_kept_bytes` without every_k)."""
+    lay = Layout(tp=tp, recompute=RECOMPUTE_MODES[rec], sequence_parallel=sp, flash_attention=flash)
+    s, e = setup.seq_len, setup.precision.activation_bytes
+    return (
+        activations.layers_kept_bytes(model, lay, s, 1, e, 1),
+        sum(activations.first_stage_extra_bytes(model, lay, s, 1, e).values()),
+        sum(activations.last_stage_extra_bytes(model, lay, s, 1, e).values()),
+        activations.recompute_working_bytes(model, lay, s, 1, e, 1),
+    )
+
+
+def _forwards_of(chunk: int, n, p: int, v: int):
+    """Forwards of model chunk `chunk` among the first n steps of the interleaved schedule
+    (forward k runs chunk (k mod pv) // p): p per whole period of pv steps, plus the part of
+    the last period that falls in [chunk·p, chunk·p + p). Backward k runs chunk
+    v - 1 - (k mod pv) // p, so backwards of c among the first n = `_forwards_of(v - 1 - c, n)`."""
+    return n // (p * v) * p + np.minimum(np.maximum(n % (p * v) - chunk * p, 0), p)
+
+
+def interleaved_front(p: int, rank: int, v: int, m: int, chunk: int) -> np.ndarray:
+    """Peak candidates of Megatron's interleaved 1F1B on `rank`, for chunk weights that are equal
+    except chunk `chunk` (0: embedding extras, v-1: head extras): two pairs (chunks held, of
+    which `chunk`), whose best for weights w >= 0 is the replay's peak, max of
+    held·w + extra·(that chunk's extra weight).
+
+    The replay is `activations.interleaved_in_flight`'s: warmup = min(2(p - rank - 1) +
+    (v - 1)p, m·v) forwards (all m·v when m = p), then one forward + one backward per step;
+    forward k runs chunk (k mod pv) // p, backward k the chunks counted down; warmup + 2pv
+    steps suffice. During warmup both counts only grow, so its last state bounds the earlier
+    ones; afterwards warmup + 1 chunks are held at every step, so the steady state with the most
+    of `chunk` bounds the others. Without a steady state (m = p) the two pairs are equal."""
+    return interleaved_fronts(p, rank, v, m, chunk)[0]
+
+
+def interleaved_fronts(p, rank, v, m, chunk) -> np.ndarray:
+    """`interleaved_front` of every element of the argument arrays at once: (replays, 2, 2).
+    The steady steps of all replays are laid end to end in one array (replay r's steps are
+    warmup_r + j for j < steady_r) and each replay's maximum is taken over its segment."""
+    p, rank, v, m, chunk = np.broadcast_arrays(
+        *(np.atleast_1d(np.asarray(x, dtype=np.int64)) for x in (p, rank, v, m, chunk)))
+    total = m * v
+    warmup = np.where(m == p, total, np.minimum(2 * (p - rank - 1) + (v - 1) * p, total))
+    steady = np.minimum(total, warmup + 2 * p * v) - warmup  # steps after warmup (>= 0)
+    start = np.cumsum(steady) - steady  # each replay's first steady step in the flat array
+    r = np.repeat(np.arange(len(p)), steady)  # the replay of each flat step
+    k = warmup[r] + np.arange(len(r)) - start[r]  # step k: forward k, after k - warmup backwards
+    extra = (_forwards_of(chunk[r], k + 1, p[r], v[r])
+             - _forwards_of(v[r] - 1 - chunk[r], k - warmup[r], p[r], v[r]))
+    last_warmup = _forwards_of(chunk, warmup, p, v)
+    best, held = last_warmup.copy(), warmup.copy()  # no steady state: the same pair twice
+    has = steady > 0
+    if has.any():
+        best[has] = np.maximum.reduceat(extra, start[has])
+        held[has] += 1
+    return np.stack([np.stack([warmup, last_warmup], axis=-1), np.stack([held, best], axis=-1)],
+                    axis=1)
+
+
+# --------------------------------------------------------------------------- memory, vectorised
+
+
+def _ceil_k(numel: np.ndarray, k: Fraction) -> np.ndarray:
+    """ceil(K x numel) exactly (model_states.optimizer_state_bytes) in int64."""
+    return -((-numel * k.numerator) // k.denominator)
+
+
+def state_bytes(P, dp, zero, opt, par, m, setup: TrainSetup):
+    """(gpu, cpu, nvme) model-state bytes per GPU: `model_states.model_state_bytes` over arrays."""
+    prec = setup.precision
+    k = Fraction(optimizer_bytes_per_param(prec, setup.optimizer))
+    pb, gb = prec.param_bytes, prec.grad_bytes
+    part = model_states.partition_numel(P, dp)  # ceil(P / dp), DeepSpeed's padded partition
+    par_b = pb * np.where(zero == 3, part, P)
+    grads = gb * np.where(zero >= 2, part, P)
+    opt_gpu = _ceil_k(np.where(zero == 0, P, part), k)
+    off = opt > 0
+    opt_gpu = np.where(off, 0, opt_gpu)
+    grads = np.where(off & (zero >= 2), 0, grads)
+    far = _ceil_k(part, k) + max(0, model_states.FP32_BYTES - prec.optimizer_grad_copy_bytes) * part
+    swap = model_states.DS_OPTIMIZER_SWAP_BUFFER_COUNT * model_states.aio_aligned_numel(
+        np.minimum(part, model_states.DS_SUB_GROUP_ELEMENTS), model_states.FP32_BYTES
+    ) * model_states.FP32_BYTES  # model_states.optimizer_swap_buffer_bytes over arrays
+    near_z3 = gb * part + np.where(opt == 2, swap, 0)  # grad partition (+ NVMe swap buffers)
+    near_z12 = pb * part + np.where(m > 1, pb * part, 0)  # bit16 buffer (+ accumulated grads)
+    cpu = np.where(off, np.where(opt == 1, far, 0) + np.where(zero == 3, near_z3, near_z12), 0)
+    nvme = np.where(opt == 2, far, 0)
+    param_swap = model_states.param_swap_buffer_bytes(pb)
+    cpu = cpu + np.where(par == 1, par_b, 0) + np.where(par == 2, param_swap, 0)
+    nvme = nvme + np.where(par == 2, par_b, 0)
+    par_b = np.where(par > 0, 0, par_b)
+    return par_b + grads + opt_gpu, cpu, nvme
+
+
+def buffers_total(P, largest, persistent, zero, opt, setup: TrainSetup):
+    """Sum of `model_states.buffer_bytes` over arrays, at the engines' default bucket sizes
+    (the sweep enumerates default `Layout.buffers` only)."""
+    pb, gb = setup.precision.param_bytes, setup.precision.grad_bytes
+    sizes = model_states.DEFAULT_BUFFERS
+    ddp = np.minimum(sizes.ddp_bucket_bytes, P * gb)
+    zero_b = np.full_like(P, sizes.reduce_bucket_elements * pb)  # allocated whole
+    zero_b = zero_b + np.where((opt > 0) & (zero < 3), largest * pb, 0)
+    live = np.maximum(max(sizes.max_live_parameters, sizes.prefetch_bucket_elements), largest)
+    zero_b = zero_b + np.where(zero == 3, np.minimum(live, P) * pb + persistent * pb, 0)
+    return np.where(zero == 0, ddp, zero_b)
+
+
+def kept_activation_bytes_b1(cands: dict[str, np.ndarray], chunk, first, last):
+    """Peak kept activations of the first and last stage at micro_batch 1
+    (`activations.stage_activations`): 1F1B holds min(p, m) micro-batches on stage 1 and one on
+    stage p; interleaved stages take the replay's largest chunk-weighted state."""
+    pp, vs, m = cands["pp"], cands["vs"], cands["m"]
+    single = pp == 1  # one stage carries the embedding and the head
+    f = np.minimum(pp, m) * (chunk + first + np.where(single, last, 0))
+    lst = np.where(single, f, chunk + last)
+    inter = np.nonzero(vs > 1)[0]
+    if inter.size:
+        p_i, v_i = pp[inter], vs[inter]
+        # beyond this m the replay no longer depends on m (warmup and the 2pv window both fit)
+        cap = (2 * (p_i - 1) + (v_i - 1) * p_i + 2 * p_i * v_i) // v_i + 2
+        keys, inv = _group(p_i, v_i, np.minimum(m[inter], cap))  # one replay per (p, v, m)
+        p, v, m_eff = keys.T
+        c = chunk[inter]
+        sides = ((f, first[inter], 0, 0), (lst, last[inter], p - 1, v - 1))  # rank, its chunk
+        for out, extra, rank, weighted in sides:  # with extras: embedding 0, head v - 1
+            fronts = interleaved_fronts(p, rank, v, m_eff, weighted)  # (replays, 2 pairs, 2)
+            out[inter] = np.maximum(c * fronts[inv, 0, 0] + extra * fronts[inv, 0, 1],
+                                    c * fronts[inv, 1, 0] + extra * fronts[inv, 1, 1])
+    return f, lst
+
+
+def node_counts(cluster: Cluster, keys: np.ndarray) -> np.ndarray:
+    """`node_stage_counts` of each (tp, pp) row as one (rows, width, 3) array, padded with
+    all-zero rows (host bytes are >= 0, so padding never raises a node's maximum)."""
+    rows = [node_stage_counts(t, cluster.num_gpus // (t * p), p, cluster.node.gpus_per_node,
+                              cluster.num_nodes) for t, p in keys.tolist()]
+    counts = np.zeros((len(rows), max(map(len, rows), default=1), 3), dtype=np.int64)
+    for i, r in enumerate(rows):
+        counts[i, :len(r)] = r
+    return counts
+
+
+def model_state_columns(cluster: Cluster, setup: TrainSetup, cands: dict[str, np.ndarray],
+                        tp_pp: np.ndarray, tp_pp_inv: np.ndarray, tables: dict[str, np.ndarray]):
+    """(first-stage GPU, last-stage GPU, busiest node CPU, busiest node NVMe) bytes of model
+    states and buffers, per candidate.
+
+    These depend only on (tp, pp) (which fix dp = GPUs / (tp·pp) and the stage tables), the
+    ZeRO / offload state, and whether m > 1 (the only use `state_bytes` makes of m): a few
+    hundred combinations for tens of thousands of candidates. Each combination is evaluated
+    once, at one of its candidates, and the values are gathered back."""
+    zero, opt, par, m = (cands[k] for k in ("zero", "opt", "par", "m"))
+    keys, inv = _group(tp_pp_inv, zero, opt, par, m > 1)
+    rep = _representatives(inv, len(keys))
+    row = tp_pp_inv[rep]  # the (tp, pp) row of each combination
+    dp, zero, opt, par, m = (cands[k][rep] for k in ("dp", "zero", "opt", "par", "m"))
+    gpu, host = [], []
+    for kind in (0, 1, 2):  # first, middle, last stage
+        P = tables["params"][row, kind]
+        g, cpu, nvme = state_bytes(P, dp, zero, opt, par, m, setup)
+        g = g + buffers_total(P, tables["largest"][row, kind], tables["persistent"][row, kind],
+                              zero, opt, setup)
+        gpu.append(g)
+        host.append((cpu, nvme))
+    counts = node_counts(cluster, tp_pp)[row]  # (combinations, node rows, 3 stage kinds)
+    node_cpu = np.max(sum(counts[:, :, k] * host[k][0][:, None] for k in range(3)), axis=1)
+    node_nvme = np.max(sum(counts[:, :, k] * host[k][1][:, None] for k in range(3)), axis=1)
+    return gpu[0][inv], gpu[2][inv], node_cpu[inv], node_nvme[inv]
+
+
+STAGE_FIELDS = ("params", "largest", "persistent", "max_layers", "max_params")
+
+
+def evaluate(model: ModelSpec, cluster: Cluster, setup: TrainSetup, cands: dict[str, np.ndarray],
+             c: Constraints | None = None, efficiency: float | None = None) -> dict[str, np.ndarray]:
+    """Memory (worst stage, busiest node) and step time of every candidate, as columns."""
+    c = c or Constraints()
+    tp, pp, vs, rec, sp, b = (cands[k] for k in ("tp", "pp", "vs", "rec", "sp", "b"))
+    keys, inv = _group(tp, pp)
+    stage = [stage_table(model, t, p) for t, p in keys.tolist()]
+    tables = {name: np.array([s[name] for s in stage], dtype=np.int64).reshape(-1, 3)
+              for name in STAGE_FIELDS}  # (tp, pp) rows x (first, middle, last stage)
+
+    akeys, ainv = _group(tp, rec, sp)
+    act = np.array([activation_table(model, setup, t, r, bool(s), c.flash_attention)
+                    for t, r, s in akeys.tolist()], dtype=np.int64).reshape(-1, 4)
+    block, first_x, last_x, working = (act[:, k][ainv] for k in range(4))
+    chunk = block * (model.num_layers // (pp * vs))  # blocks per model chunk (pp | layers)
+    kept_f, kept_l = kept_activation_bytes_b1(cands, chunk, first_x, last_x)
+    states_first, states_last, node_cpu, node_nvme = model_state_columns(
+        cluster, setup, cands, keys, inv, tables)
+    gpu_first = states_first + b * (kept_f + working)
+    gpu_last = states_last + b * (kept_l + working)
+    peak = np.maximum(gpu_first, gpu_last)
+    capacity = cluster.gpu.memory_bytes
+    out = dict(gpu_peak_bytes=peak, peak_stage=np.where(gpu_last > gpu_first, pp, 1),
+               headroom_bytes=capacity - peak, node_cpu_bytes=node_cpu, node_nvme_bytes=node_nvme)
+    out |= _step_columns(model, cluster, setup, cands, c, efficiency,
+                         tables["max_layers"][inv, 0], tables["max_params"][inv, 0])
+    return out
+
+
+def _step_columns(model, cluster, setup, cands, c: Constraints, efficiency, layers, stage_params):
+    """`steptime.step_terms` over the candidate arrays, FLOPs per recompute mode from flops."""
+    r = steptime.cluster_rates(cluster, setup, efficiency)
+    table = [flops.step_flops(model, setup, Layout(recompute=mode, flash_attention=c.flash_attention))
+             for mode in RECOMPUTE_MODES]
+    rec = cands["rec"]
+
+    def per_mode(name: str) -> np.ndarray:
+        return np.array([getattr(t, name) for t in table], dtype=np.float64)[rec]
+
+    allreduces = np.array([steptime.tp_allreduces_per_layer(mode) for mode in RECOMPUTE_MODES])
+    per_gpu = layers * cands["pp"] / model.num_layers / r.num_gpus  # slowest stage's share
+    prec = setup.precision
+    token_b, score_b = steptime.elementwise_layer_bytes(
+        model, setup.seq_len, cands["b"], cands["tp"], cands["sp"], c.flash_attention,
+        prec.activation_bytes)
+    terms = steptime.step_terms(
+        r, tp=cands["tp"], pp=cands["pp"], dp=cands["dp"], vs=cands["vs"], zero=cands["zero"],
+        opt_target=cands["opt"], param_target=cands["par"], m=cands["m"], layers=layers,
+        act_bytes=cands["b"] * setup.seq_len * model.hidden_size * prec.activation_bytes,
+        sp=cands["sp"], tp_allreduces=allreduces[rec],
+        elementwise_bytes=steptime.elementwise_step_bytes(token_b, score_b, rec),
+        elementwise_fwd_bytes=token_b + score_b,
+        shard_params=steptime.zero_shard_params(stage_params, cands["dp"], cands["zero"]),
+        stage_params=stage_params, grad_bytes=prec.grad_bytes, param_bytes=prec.param_bytes,
+        optimizer_bytes=optimizer_bytes_per_param(prec, setup.optimizer),
+        fwd_flops=per_mode("forward_flops") * per_gpu, bwd_flops=per_mode("backward_flops") * per_gpu,
+        recompute_flops=per_mode("recompute_flops") * per_gpu,
+    )
+    rates = steptime.rate_terms(r, terms["step_s"], setup.global_batch * setup.seq_len,
+                                per_mode("model_flops"), per_mode("hardware_flops"),
+                                setup.train_tokens)
+    cols = {**terms, **rates, "efficiency": r.efficiency}
+    return {k: _float_column(v, rec.shape) for k, v in cols.items()}
+
+
+def _float_column(value, shape: tuple[int, ...]) -> np.ndarray:
+    """A float64 column of `shape`: the array itself when it already is one (no copy)."""
+    value = np.asarray(value, dtype=np.float64)
+    return value if value.shape == shape else np.broadcast_to(value, shape).copy()
+
+
+# --------------------------------------------------------------------------- ranking
+
+CHUNK = 200_000
+"""Candidates evaluated per numpy pass (bounds memory; progress is reported per chunk)."""
+
+_SORT_COLUMN = {  # key -> (column, descending)
+    "step-time": ("step_s", False),
+    "tokens-per-s": ("tokens_per_s", True),
+    "mfu": ("mfu", True),
+    "memory-headroom": ("headroom_bytes", True),
+    "gpu-hours": ("gpu_hours", False),
+}
+SORT_KEYS = tuple(_SORT_COLUMN)
+
+
+class SweepRow(Frozen):
+    """One evaluated layout: the layout, its step estimate and its memory."""
+
+    layout: Layout
+    estimate: steptime.StepEstimate
+    gpu_peak_bytes: int
+    """Bytes on one GPU of the fullest pipeline stage."""
+    peak_stage: int
+    headroom_bytes: int
+    """GPU capacity minus `gpu_peak_bytes` (negative: overflows)."""
+    node_cpu_bytes: int
+    node_nvme_bytes: int
+    fits: bool
+    reason: str = ""
+    """For a rejected layout: every resource it overflows and by how much."""
+
+
+class SweepResult(Frozen):
+    """The ranked answer for one GPU count."""
+
+    model: str
+    cluster: str
+    num_gpus: int
+    sort: str
+    evaluated: int
+    """Candidate layouts enumerated and evaluated."""
+    fitting: int
+    rejected_gpu: int
+    """Candidates over GPU memory (a candidate may be counted under several resources)."""
+    rejected_cpu: int
+    rejected_nvme: int
+    top: list[SweepRow]
+    rejected: list[SweepRow]
+    """The best-ranked layouts that do not fit, with the reason."""
+    empty_reason: str = ""
+    """Why nothing fits, or why nothing was enumerated; empty when `top` is not."""
+    seconds: float = 0.0
+
+
+def evaluate_all(model, cluster, setup, cands, c, efficiency=None,
+                 progress: Callable[[int, int], None] | None = None) -> dict[str, np.ndarray]:
+    """`evaluate` in chunks of CHUNK candidates, calling progress(done, total) after each."""
+    total = len(cands["tp"])
+    parts = []
+    for start in range(0, max(total, 1), CHUNK):
+        part = {k: v[start:start + CHUNK] for k, v in cands.items()}
+        parts.append(evaluate(model, cluster, setup, part, c, efficiency))
+        if progress:
+            progress(min(start + CHUNK, total), total)
+    if len(parts) == 1:
+        return parts[0]
+    return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+
+
+def check_sort(sort: str) -> None:
+    """A sort key `rank_order` knows, else PlanInputError."""
+    if sort not in _SORT_COLUMN:
+        raise PlanInputError("sort", f"unknown key {sort!r}; allowed: {', '.join(SORT_KEYS)}")
+
+
+def rank_order(cols: dict[str, np.ndarray], idx: np.ndarray, sort: str,
+               limit: int | None = None) -> np.ndarray:
+    """`idx` ordered by the sort key; ties by step time, then less offloading (none < cpu <
+    nvme, for optimizer and parameters), then more GPU headroom, then enumeration order.
+    With `limit`, only the first `limit` of that order (the same ones)."""
+    check_sort(sort)
+    name, descending = _SORT_COLUMN[sort]
+    key = cols[name][idx].astype(np.float64)
+    key = -key if descending else key
+    if limit == 0:
+        return idx[:0]
+    if limit is not None and limit < len(idx):
+        # only candidates whose key is at most the limit-th smallest can be among the first
+        # `limit`: sort those few instead of all (np.partition is linear). A NaN threshold
+        # (NaN sorts last) would select nothing: then sort everything.
+        cut = np.partition(key, limit - 1)[limit - 1]
+        if not np.isnan(cut):
+            keep = key <= cut
+            idx, key = idx[keep], key[keep]
+    offload = cols["opt"][idx] + cols["par"][idx]
+    order = np.lexsort((idx, -cols["headroom_bytes"][idx], offload, cols["step_s"][idx], key))
+    return idx[order][:limit]
+
+
+def overflow_reason(cols: dict[str, np.ndarray], i: int, cluster: Cluster) -> str:
+    """Every resource candidate i overflows, in the words of `plan._overflows`."""
+    out = []
+    if cols["headroom_bytes"][i] < 0:
+        out.append(f"GPU memory on stage {cols['peak_stage'][i]} by "
+                   f"{-cols['headroom_bytes'][i] / GIB:.2f} GiB")
+    cpu_over = cols["node_cpu_bytes"][i] - cluster.node.cpu_memory_bytes
+    if cpu_over > 0:
+        out.append(f"CPU memory per node by {cpu_over / GIB:.2f} GiB")
+    nvme_over = cols["node_nvme_bytes"][i] - cluster.node.nvme_bytes
+    if nvme_over > 0:
+        out.append(f"NVMe per node by {nvme_over / GIB:.2f} GiB")
+    return "; ".join(out)
+
+
+def _row(cands, cols, i: int, c: Constraints, cluster: Cluster, fits: bool) -> SweepRow:
+    est = {k: float(cols[k][i]) for k in steptime.StepEstimate.model_fields if k in cols}
+    return SweepRow(
+        layout=layout_at(cands, i, c),
+        estimate=steptime.StepEstimate(**est, compute_efficiency=float(cols["efficiency"][0])),
+        gpu_peak_bytes=int(cols["gpu_peak_bytes"][i]), peak_stage=int(cols["peak_stage"][i]),
+        headroom_bytes=int(cols["headroom_bytes"][i]), node_cpu_bytes=int(cols["node_cpu_bytes"][i]),
+        node_nvme_bytes=int(cols["node_nvme_bytes"][i]), fits=fits,
+        reason="" if fits else overflow_reason(cols, i, cluster),
+    )
+
+
+def fit_masks(cols: dict[str, np.ndarray], cluster: Cluster) -> tuple[np.ndarray, ...]:
+    """(gpu ok, cpu ok, nvme ok) per candidate."""
+    return (cols["headroom_bytes"] >= 0,
+            cols["node_cpu_bytes"] <= cluster.node.cpu_memory_bytes,
+            cols["node_nvme_bytes"] <= cluster.node.nvme_bytes)
+
+
+def explain_empty(model: ModelSpec, cluster: Cluster, setup: TrainSetup, c: Constraints) -> str:
+    """Why no layout was enumerated: the pinned constraint whose release gives some, or the
+    divisibility rule that leaves none."""
+    pins = {k: v for k, v in c.model_dump().items()
+            if v is not None and k not in ("allow_cross_node_tp", "flash_attention")}
+    for name in pins:
+        relaxed = c.model_copy(update={name: None})
+        count = len(enumerate_candidates(model, cluster, setup, relaxed)["tp"])
+        if count:
+            return (f"the constraint {name}={pins[name]} rules out every layout "
+                    f"({count} layouts without it)")
+    n = cluster.num_gpus
+    if not c.allow_cross_node_tp and not any(
+            _tp_ok(model, t) for t in _divisors(n) if t <= cluster.node.gpus_per_node):
+        return "no tp within a node divides the heads, kv heads and MLP width (try --allow-cross-node-tp)"
+    return (f"no tp*pp*dp = {n} with tp | heads ({model.num_heads}), pp | layers "
+            f"({model.num_layers}) and dp | global_batch ({setup.global_batch}), "
+            f"given {', '.join(f'{k}={v}' for k, v in pins.items()) or 'no constraints'}")
+
+
+def _why_nothing_fits(cols, ok, cluster: Cluster) -> str:
+    """All candidates rejected: how many each resource rules out, and the closest miss."""
+    gpu_ok, cpu_ok, nvme_ok = ok
+    total = len(gpu_ok)
+    closest = int(np.argmax(cols["headroom_bytes"]))
+    return (f"none of the {total} layouts fits: GPU memory rules out {int((~gpu_ok).sum())}, "
+            f"CPU memory {int((~cpu_ok).sum())}, NVMe {int((~nvme_ok).sum())}; the most GPU "
+            f"headroom is {cols['headroom_bytes'][closest] / GIB:.2f} GiB")
+
+
+def sweep(model: ModelSpec, cluster: Cluster, setup: TrainSetup, constraints: Constraints | None = None,
+          *, sort: str = "step-time", top: int = 10, rejected: int = 5,
+          efficiency: float | None = None,
+          progress: Callable[[int, int], None] | None = None) -> SweepResult:
+    """Enumerate, evaluate and rank every layout of `cluster`'s GPU count."""
+    start = time.perf_counter()
+    c = constraints or Constraints()
+    if setup.seq_len > model.max_seq_len:
+        raise PlanInputError("seq_len", f"seq_len={setup.seq_len} exceeds the model's "
+                                        f"max_seq_len={model.max_seq_len}")
+    steptime.cluster_rates(cluster, setup, efficiency)  # input errors before any work
+    check_sort(sort)
+    cands = enumerate_candidates(model, cluster, setup, c)
+    n = len(cands["tp"])
+    base = dict(model=model.name, cluster=cluster.name, num_gpus=cluster.num_gpus, sort=sort,
+                evaluated=n)
+    if n == 0:
+        return SweepResult(**base, fitting=0, rejected_gpu=0, rejected_cpu=0, rejected_nvme=0,
+                           top=[], rejected=[], empty_reason=explain_empty(model, cluster, setup, c),
+                           seconds=time.perf_counter() - start)
+    cols = evaluate_all(model, cluster, setup, cands, c, efficiency, progress)
+    cols |= {"opt": cands["opt"], "par": cands["par"]}  # offload codes for tie-breaking
+    ok = fit_masks(cols, cluster)
+    fits = ok[0] & ok[1] & ok[2]
+    good = rank_order(cols, np.nonzero(fits)[0], sort, top)
+    bad = rank_order(cols, np.nonzero(~fits)[0], "step-time", rejected)
+    return SweepResult(
+        **base, fitting=int(fits.sum()), rejected_gpu=int((~ok[0]).sum()),
+        rejected_cpu=int((~ok[1]).sum()), rejected_nvme=int((~ok[2]).sum()),
+        top=[_row(cands, cols, int(i), c, cluster, True) for i in good],
+        rejected=[_row(cands, cols, int(i), c, cluster, False) for i in bad],
+        empty_reason="" if fits.any() else _why_nothing_fits(cols, ok, cluster),
+        seconds=time.perf_counter() - start,
+    )
+
+
+def best_layout(model: ModelSpec, cluster: Cluster, setup: TrainSetup,
+                constraints: Constraints | None = None,
+                efficiency: float | None = None) -> tuple[Layout, steptime.StepEstimate] | None:
+    """The fastest fitting layout and its scalar step estimate, or None when nothing fits
+    (`zplan fit` without a layout)."""
+    result = sweep(model, cluster, setup, constraints, top=1, rejected=0, efficiency=efficiency)
+    if not result.top:
+        return None
+    layout = result.top[0].layout
+    return layout, steptime.estimate_step(model, cluster, layout, setup, efficiency)
+
+
+def with_gpus(cluster: Cluster, num_gpus: int) -> Cluster:
+    """The same hardware with `num_gpus` GPUs (whole nodes; one partial node below one node)."""
+    per_node = cluster.node.gpus_per_node
+    if num_gpus < per_node:
+        node = cluster.node.model_copy(update={"gpus_per_node": num_gpus})
+        return cluster.model_copy(update={"node": node, "num_nodes": 1,
+                                          "name": f"{cluster.name}[{num_gpus} GPUs]"})
+    if num_gpus % per_node:
+        raise PlanInputError("gpus", f"{num_gpus} GPUs is not a whole number of "
+                                     f"{per_node}-GPU nodes of {cluster.name}")
+    return cluster.model_copy(update={"num_nodes": num_gpus // per_node,
+                                      "name": f"{cluster.name}[{num_gpus} GPUs]"})
+
+
+def parse_gpu_counts(text: str) -> list[int]:
+    """`64,128,256` (a list) or `64-1024` (a range, doubling from the low end)."""
+    try:
+        if "-" in text and "," not in text:
+            lo, hi = (int(x) for x in text.split("-", 1))
+            if lo < 1 or hi < lo:
+                raise ValueError
+            counts, n = [], lo
+            while n <= hi:
+                counts.append(n)
+                n *= 2
+            return counts
+        counts = [int(x) for x in text.split(",") if x.strip()]
+        if not counts or min(counts) < 1:
+            raise ValueError
+        return sorted(set(counts))
+    except ValueError:
+        raise PlanInputError("gpus", f"expected a count, a list like 64,128,256 or a range like "
+                                     f"64-1024, got {text!r}") from None

@@ -1,0 +1,446 @@
+"""Step-time model: compute, communication, pipeline bubble and offload of one optimizer step.
+
+Every term is a small pure function of plain numbers, so the same function serves the scalar
+reference (`estimate_step`, one typed layout) and the vectorised sweep (numpy arrays over every
+candidate layout at once, `planner.search.sweep`). Times are seconds, sizes bytes, bandwidths bytes/s.
+
+Placement (Megatron-LM's rank order "tp-cp-ep-dp-pp", `parallel_state.py`): tp ranks are
+adjacent, then dp, then pp. So a tp group leaves the node only when tp > GPUs per node, a dp
+group holds `min(dp, gpus_per_node // tp)` ranks per node, and pipeline neighbours sit on
+different nodes as soon as the job spans more than one node (the slowest boundary sets the pace).
+When every GPU of a node talks off-node at once, each gets `inter_node_bw / gpus_per_node`.
+
+Matmuls run at `efficiency` x dense peak (the GPU profile's matmul-level `achieved_efficiency`,
+fitted to Narayanan et al. 2021 Table 1 by benchmarks/published_runs.py; docs/accuracy.md);
+element-wise kernels and the optimizer step run at HBM bandwidth, on top.
+
+Named approximations: compute is spread evenly over tp and dp ranks, and over pipeline stages
+by the largest stage's layer count (embedding and logits imbalance ignored); collectives run at
+link bandwidth and kernels at the sheet HBM bandwidth (no protocol / achieved-bandwidth factor);
+element-wise backward traffic is taken as twice the forward's.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from planner.core import flops as flops_mod
+from planner.core import params
+from planner.core.errors import PlanInputError
+from planner.memory.model_states import DEFAULT_BUFFERS
+from planner.core.recipes import optimizer_bytes_per_param
+from planner.core.spec import GB, US, Cluster, Frozen, Layout, ModelSpec, TrainSetup
+
+
+class StepEstimate(Frozen):
+    """One optimizer step of one layout: every time component, then the derived rates."""
+
+    compute_s: float
+    """Forward + backward matmul time per GPU (model FLOPs / achieved FLOP/s)."""
+    recompute_s: float
+    """Extra forward FLOPs of activation recompute per GPU."""
+    memory_bound_s: float
+    """Element-wise kernels (norms, softmax, dropout, bias-GeLU, residual adds) at HBM bandwidth."""
+    tp_comm_s: float
+    """Tensor-parallel all-reduces (or all-gather + reduce-scatter), on the critical path."""
+    pp_comm_s: float
+    """Pipeline point-to-point sends of activations and their gradients."""
+    bubble_s: float
+    """Pipeline fill and drain idle time: (p-1)/(m*v) of the ideal time."""
+    dp_comm_s: float
+    """All data-parallel / ZeRO collectives of the step, hidden or not."""
+    dp_comm_exposed_s: float
+    """The part of `dp_comm_s` not overlapped with backward or forward compute."""
+    offload_s: float
+    """PCIe / NVMe traffic of offloaded states not hidden behind compute."""
+    cpu_optimizer_s: float
+    """Host-side Adam step when the optimizer is offloaded."""
+    gpu_optimizer_s: float
+    """The optimizer step on the GPU (its shard's states, gradients, parameters at HBM bandwidth)."""
+    step_s: float
+    """Sum of the exposed terms: compute + recompute + memory-bound + tp + pp + bubble + dp exposed
+    + offload + cpu optimizer + gpu optimizer."""
+    tokens_per_s: float
+    mfu: float
+    """Model FLOPs utilisation: forward+backward FLOPs / (step time x GPUs x dense peak)."""
+    hfu: float
+    """Hardware FLOPs utilisation: includes recompute FLOPs."""
+    days: float
+    """Training days for setup.train_tokens at this step time."""
+    gpu_hours: float
+    compute_efficiency: float
+    """Fraction of dense peak assumed for the matmuls (profile or calibrated value)."""
+
+
+# --------------------------------------------------------------------------- collectives
+
+
+def ring_collective_s(size_bytes, ranks, bw_bytes_per_s, latency_s, passes):
+    """alpha-beta ring collective (seed 004 §3.4.2): each pass moves (N-1)/N of the buffer
+    in N-1 steps. passes=1: reduce-scatter or all-gather; passes=2: all-reduce (2(N-1)/N)."""
+    steps = ranks - 1  # ring steps per pass
+    return passes * (steps / ranks * size_bytes / bw_bytes_per_s + steps * latency_s)
+
+
+def hierarchical_collective_s(size_bytes, intra_ranks, inter_ranks, intra_bw, intra_lat,
+                              inter_bw, inter_lat, passes):
+    """Two-level ring: over the node's ranks on the intra-node link, then each GPU's 1/intra
+    shard over the inter-node ranks on its share of the NIC (hierarchical all-reduce as in
+    NCCL / Horovod; the all-reduce is reduce-scatter then all-gather at both levels)."""
+    intra = ring_collective_s(size_bytes, intra_ranks, intra_bw, intra_lat, passes)
+    inter = ring_collective_s(size_bytes / intra_ranks, inter_ranks, inter_bw, inter_lat, passes)
+    return intra + inter
+
+
+# --------------------------------------------------------------------------- terms
+
+
+def compute_time_s(flops_per_gpu, peak_flops_per_s, efficiency):
+    """Matmul time: FLOPs / (dense peak x achieved fraction) (seed 004 §1, seed 000 §4)."""
+    return flops_per_gpu / (peak_flops_per_s * efficiency)
+
+
+def elementwise_layer_bytes(model: ModelSpec, seq_len, micro_batch, tp, sp, flash, elem_bytes):
+    """HBM bytes one block's memory-bound kernels read + write in forward, per GPU, as
+    (token-wise, attention-score) parts; each kernel reads its input and writes its output once.
+
+    Megatron's GPT block with its fused kernels (Shoeybi et al. 2019 §3; the tensors are the ones
+    Korthikanti et al. 2022 §4.1 counts): 2 LayerNorms (read + write h), 2 bias-dropout-adds
+    (read 2h, write h + a 1-byte mask), the MLP activation (bias-GeLU reads and writes f; SwiGLU
+    reads 2f, writes f), the fused scale-mask-softmax (read + write a·s per token) and the
+    attention dropout (read + write + mask). Norms and residual adds are replicated over tp
+    unless sequence parallel splits them; the MLP and the scores are split by tp. Flash
+    attention keeps the scores on chip (Dao et al. 2022 §3.1).
+    """
+    tokens = seq_len * micro_batch
+    mask = 1 if model.dropout else 0  # dropout masks: 1 byte per element
+    e = elem_bytes
+    replicated = tokens * model.hidden_size * (2 * 2 * e + 2 * (3 * e + mask))  # 2 LN + 2 BDA
+    width = (model.experts_per_token + model.num_shared_experts) * model.expert_ffn_size \
+        if model.is_moe else model.ffn_hidden_size
+    act = tokens * width * (3 * e if model.mlp == "swiglu" else 2 * e) / tp  # MLP activation
+    token_bytes = replicated / np.where(sp, tp, 1) + act
+    scores = micro_batch * model.num_heads / tp * seq_len * seq_len * (4 * e + mask)
+    return token_bytes, np.where(flash, 0.0, scores)
+
+
+def elementwise_step_bytes(token_bytes, score_bytes, recompute_code):
+    """Per layer and micro-batch over the step's passes: forward 1, backward 2 (reads the saved
+    input and the output gradient, writes the input gradient: a named approximation), full
+    recompute 1 more forward, selective recompute the attention scores once more (Korthikanti
+    §5). recompute_code: 0 none, 1 selective, 2 full (RECOMPUTE_CODE)."""
+    forward = token_bytes + score_bytes
+    extra = np.where(recompute_code == 2, forward, np.where(recompute_code == 1, score_bytes, 0.0))
+    return 3 * forward + extra
+
+
+RECOMPUTE_CODE = {"none": 0, "selective": 1, "full": 2, "every_k": 2}
+"""Recompute modes as integers (the sweep's order: none, selective, full)."""
+
+
+def tp_comm_time_s(layers, micro_batches, allreduces_per_layer, act_bytes, tp, bw, lat):
+    """Megatron TP: 2 all-reduces of b*s*h per layer forward, 2 backward (Narayanan et al. 2021
+    §3.3); sequence parallel swaps each for all-gather + reduce-scatter, the same ring volume
+    and steps (Korthikanti et al. 2022 §4.2.2). `allreduces_per_layer` counts them."""
+    one = ring_collective_s(act_bytes, tp, bw, lat, 2)
+    return micro_batches * layers * allreduces_per_layer * one
+
+
+def pp_comm_time_s(pp, micro_batches, virtual_stages, send_bytes, bw, lat, gather_s=0.0):
+    """Pipeline p2p: per micro-batch each stage sends its output forward and receives the
+    gradient back, once per model chunk (interleaving multiplies sends by v; Narayanan et al.
+    2021 §2.2); nothing when pp = 1. With Megatron's scatter/gather optimisation (§4.1, on by
+    default) each tp rank sends only its 1/tp slice (`send_bytes`) and the receiving tp group
+    all-gathers the slices over NVLink (`gather_s`); with sequence parallel the slice is
+    already the rank's own, no gather."""
+    sends = 2 * micro_batches * virtual_stages  # forward activation + backward gradient
+    return np.where(pp > 1, sends * (lat + send_bytes / bw + gather_s), 0.0)
+
+
+def bubble_time_s(pp, micro_batches, virtual_stages, ideal_s):
+    """1F1B bubble (p-1)/m of the ideal time, divided by v for the interleaved schedule
+    (Narayanan et al. 2021 §2.2.1-2.2.2)."""
+    return (pp - 1) / (micro_batches * virtual_stages) * ideal_s
+
+
+def last_bucket_bytes(zero_stage, grad_bytes, reduce_bucket_elements=DEFAULT_BUFFERS.reduce_bucket_elements,
+                      ddp_bucket_bytes=DEFAULT_BUFFERS.ddp_bucket_bytes):
+    """The gradient bucket reduced after backward ends, whose time cannot hide: PyTorch DDP's
+    bucket_cap_mb=25 for ZeRO-0 (Li et al. 2020 §3.2.3), DeepSpeed's reduce_bucket_size (5e8
+    elements) for ZeRO >= 1; the defaults as `model_states` records them."""
+    return np.where(zero_stage == 0, ddp_bucket_bytes, reduce_bucket_elements * grad_bytes)
+
+
+def exposed_s(comm_s, window_s, floor_s=0.0):
+    """Communication hidden behind `window_s` of compute; at least `floor_s` stays exposed."""
+    return np.maximum(np.maximum(comm_s - window_s, 0.0), np.minimum(floor_s, comm_s))
+
+
+def dp_comm_times_s(zero_stage, micro_batches, grad_half_s, param_half_s, bucket_half_s,
+                    fwd_mb_s, bwd_mb_s):
+    """(total, exposed) data-parallel time per step from one-pass (RS or AG) collective times.
+
+    Volumes (seed 001 §2, seed 002 Summary): DDP all-reduces gradients (2 passes, 2Φ);
+    ZeRO-1/2 reduce-scatter gradients + all-gather updated parameters (2Φ); ZeRO-3 all-gathers
+    parameters in forward and in backward and reduce-scatters gradients (3Φ).
+    Overlap (Li et al. 2020 §3.2.3, bucketed reduction during backward): DDP/ZeRO-1 keep whole
+    gradients, so they reduce once per step behind the last micro-batch's backward, except the
+    last bucket; ZeRO-2 keeps only its gradient shard, so it reduce-scatters every micro-batch
+    (seed 002 §ZeRO-2); ZeRO-3 prefetches parameters behind forward/backward every micro-batch
+    (seed 002: "FSDP overlaps communication with compute"). The ZeRO-1/2 parameter all-gather
+    after the optimizer step is exposed.
+    """
+    m = micro_batches
+    ddp_total = 2 * grad_half_s
+    ddp_exposed = exposed_s(ddp_total, bwd_mb_s, 2 * bucket_half_s)
+    z1_total = grad_half_s + param_half_s
+    z1_exposed = exposed_s(grad_half_s, bwd_mb_s, bucket_half_s) + param_half_s
+    z2_total = m * grad_half_s + param_half_s
+    z2_exposed = m * exposed_s(grad_half_s, bwd_mb_s, bucket_half_s) + param_half_s
+    z3_total = m * (2 * param_half_s + grad_half_s)
+    z3_exposed = m * (exposed_s(param_half_s, fwd_mb_s)
+                      + exposed_s(param_half_s + grad_half_s, bwd_mb_s, bucket_half_s))
+    total = np.choose(zero_stage, [ddp_total, z1_total, z2_total, z3_total])
+    exposed = np.choose(zero_stage, [ddp_exposed, z1_exposed, z2_exposed, z3_exposed])
+    return total, exposed
+
+
+def optimizer_offload_s(offloaded, shard_params, grad_bytes, param_bytes, params_on_gpu,
+                        pcie_bw, bwd_mb_s):
+    """ZeRO-Offload PCIe traffic per step (Ren et al. 2021 §4): the gradient shard goes down
+    behind the last backward, the updated fp16 shard comes back up (exposed; not needed when
+    the parameters themselves live off the GPU)."""
+    down_s = shard_params * grad_bytes / pcie_bw
+    up_s = np.where(params_on_gpu, shard_params * param_bytes / pcie_bw, 0.0)
+    return np.where(offloaded, exposed_s(down_s, bwd_mb_s) + up_s, 0.0)
+
+
+def nvme_optimizer_s(on_nvme, shard_params, optimizer_bytes, gpus_per_node, read_bw, write_bw):
+    """ZeRO-Infinity optimizer states on NVMe (seed 000 §5): the node's GPUs' shards of K bytes
+    per parameter are read and written back every step over the node's aggregate NVMe
+    bandwidth; taken as exposed (no overlap with the CPU step assumed)."""
+    node_bytes = shard_params * optimizer_bytes * gpus_per_node
+    return np.where(on_nvme, node_bytes / read_bw + node_bytes / write_bw, 0.0)
+
+
+def param_offload_s(target, micro_batches, shard_params, param_bytes, gpus_per_node,
+                    pcie_bw, nvme_read_bw, fwd_mb_s, bwd_mb_s):
+    """ZeRO-Infinity parameter offload (seed 000 §5-6): each micro-batch fetches the GPU's
+    parameter shard in forward and again in backward over PCIe (from NVMe first: the node's
+    shards over its aggregate read bandwidth), prefetched behind that pass's compute.
+    target: 0 none, 1 cpu, 2 nvme."""
+    fetch_s = shard_params * param_bytes / pcie_bw
+    fetch_s = fetch_s + np.where(target == 2, shard_params * param_bytes * gpus_per_node
+                                 / nvme_read_bw, 0.0)
+    per_mb = exposed_s(fetch_s, fwd_mb_s) + exposed_s(fetch_s, bwd_mb_s)
+    return np.where(target > 0, micro_batches * per_mb, 0.0)
+
+
+def cpu_adam_s(offloaded, shard_params, gpus_per_node, cpu_adam_params_per_s):
+    """Host Adam step (ZeRO-Offload, Ren et al. 2021 §4.2): every GPU's shard of the node is
+    updated by the node's CPUs at `cpu_adam_params_per_s`."""
+    return np.where(offloaded, shard_params * gpus_per_node / cpu_adam_params_per_s, 0.0)
+
+
+def gpu_optimizer_s(offloaded, shard_params, optimizer_bytes, grad_bytes, param_bytes, hbm_bw):
+    """Fused optimizer step on the GPU (e.g. apex FusedAdam), memory-bound: per parameter it
+    reads and writes the optimizer's K bytes (master copy + states), reads the gradient and
+    writes the 16-bit parameter (Adam, megatron-fp16: 2 x 12 + 4 + 2 = 30 bytes); nothing when
+    the optimizer runs on the CPU. Named approximation: a recipe without a master copy also
+    reads its parameter, which is not counted."""
+    step_bytes = shard_params * (2 * optimizer_bytes + grad_bytes + param_bytes)
+    return np.where(offloaded, 0.0, step_bytes / hbm_bw)
+
+
+# --------------------------------------------------------------------------- assembly
+
+
+class Rates(Frozen):
+    """The cluster's rates in SI, resolved once (shared by the scalar and vectorised paths)."""
+
+    peak_flops_per_s: float
+    efficiency: float
+    hbm_bw: float
+    gpus_per_node: int
+    num_gpus: int
+    intra_bw: float
+    intra_lat: float
+    inter_bw_per_gpu: float
+    """The node's NIC bandwidth shared by its GPUs, all talking off-node at once."""
+    inter_lat: float
+    pcie_bw: float
+    nvme_read_bw: float
+    nvme_write_bw: float
+    cpu_adam_params_per_s: float
+
+
+def cluster_rates(cluster: Cluster, setup: TrainSetup, efficiency: float | None = None) -> Rates:
+    """Resolve bandwidths, latencies and the dense peak for the recipe's compute dtype."""
+    dtype = setup.precision.compute_dtype
+    if dtype not in cluster.gpu.peak_tflops:
+        raise PlanInputError(
+            "precision",
+            f"gpu {cluster.gpu.name} has no peak_tflops for {dtype} (recipe "
+            f"{setup.precision.name}); it has {', '.join(sorted(cluster.gpu.peak_tflops))}",
+        )
+    if efficiency is not None and not 0 < efficiency <= 1:
+        raise PlanInputError("efficiency", f"must be in (0, 1], got {efficiency}")
+    node = cluster.node
+    return Rates(
+        peak_flops_per_s=cluster.gpu.peak_flops_per_s(dtype),
+        efficiency=efficiency if efficiency is not None else cluster.gpu.achieved_efficiency,
+        hbm_bw=cluster.gpu.hbm_bytes_per_s,
+        gpus_per_node=node.gpus_per_node,
+        num_gpus=cluster.num_gpus,
+        intra_bw=node.intra_node_bytes_per_s,
+        intra_lat=node.intra_node_latency_us * US,
+        inter_bw_per_gpu=cluster.inter_node_bytes_per_s / node.gpus_per_node,
+        inter_lat=cluster.inter_node_latency_us * US,
+        pcie_bw=node.pcie_bytes_per_s,
+        # 0 means "no NVMe": a placeholder that is never used (NVMe layouts are refused then)
+        nvme_read_bw=node.nvme_read_gb_per_s * GB or math.inf,
+        nvme_write_bw=node.nvme_write_gb_per_s * GB or math.inf,
+        cpu_adam_params_per_s=node.cpu_adam_params_per_s,
+    )
+
+
+TARGET_CODE = {"none": 0, "cpu": 1, "nvme": 2}
+"""Offload targets as integers for the vectorised path."""
+
+
+def model_parallel_comm_s(r: Rates, tp, pp, vs, m, layers, act_bytes, sp, tp_allreduces):
+    """(TP, PP) communication per step. TP rides NVLink unless tp > GPUs per node (NIC share);
+    pipeline neighbours share a node only in a one-node job. The pipeline send is one tp slice
+    plus an all-gather over the tp link (scatter/gather, `pp_comm_time_s`)."""
+    tp_in = tp <= r.gpus_per_node  # cross-node tp uses the NIC share
+    tp_bw = np.where(tp_in, r.intra_bw, r.inter_bw_per_gpu)
+    tp_lat = np.where(tp_in, r.intra_lat, r.inter_lat)
+    tp_comm = tp_comm_time_s(layers, m, tp_allreduces, act_bytes, tp, tp_bw, tp_lat)
+    pp_in = r.num_gpus <= r.gpus_per_node
+    gather = np.where(sp, 0.0, ring_collective_s(act_bytes, tp, tp_bw, tp_lat, 1))
+    pp_comm = pp_comm_time_s(pp, m, vs, act_bytes / tp,
+                             np.where(pp_in, r.intra_bw, r.inter_bw_per_gpu),
+                             np.where(pp_in, r.intra_lat, r.inter_lat), gather)
+    return tp_comm, pp_comm
+
+
+def step_terms(r: Rates, *, tp, pp, dp, vs, zero, opt_target, param_target, m, layers,
+               act_bytes, sp, tp_allreduces, elementwise_bytes, elementwise_fwd_bytes,
+               shard_params, stage_params, grad_bytes, param_bytes, optimizer_bytes, fwd_flops,
+               bwd_flops, recompute_flops, reduce_bucket_elements=DEFAULT_BUFFERS.reduce_bucket_elements,
+               ddp_bucket_bytes=DEFAULT_BUFFERS.ddp_bucket_bytes):
+    """Every time term of one step, for scalars or numpy arrays of candidates.
+
+    The bucket sizes are the layout's engine buffers (`Layout.buffers`); the sweep only
+    enumerates the engines' defaults.
+
+    Per GPU: `layers` of the largest stage, `stage_params` its parameters (one tp rank),
+    `shard_params` the ZeRO shard of them; FLOPs per GPU per step; act_bytes = b*s*h*bytes;
+    `elementwise_bytes` (all passes) and `elementwise_fwd_bytes` (the forward) per layer and
+    micro-batch (`elementwise_layer_bytes`, `elementwise_step_bytes`).
+    """
+    node = r.gpus_per_node
+    compute = compute_time_s(fwd_flops + bwd_flops, r.peak_flops_per_s, r.efficiency)
+    recompute = compute_time_s(recompute_flops, r.peak_flops_per_s, r.efficiency)
+    memory = m * layers * elementwise_bytes / r.hbm_bw  # memory-bound kernels, not overlapped
+    memory_fwd = m * layers * elementwise_fwd_bytes / r.hbm_bw
+    fwd_mb = (compute_time_s(fwd_flops, r.peak_flops_per_s, r.efficiency) + memory_fwd) / m
+    bwd_mb = (compute + recompute + memory) / m - fwd_mb
+    tp_comm, pp_comm = model_parallel_comm_s(r, tp, pp, vs, m, layers, act_bytes, sp,
+                                             tp_allreduces)
+    bubble = bubble_time_s(pp, m, vs, compute + recompute + memory + tp_comm)
+    dp_local = np.minimum(np.maximum(node // tp, 1), dp)  # dp ranks sharing a node
+
+    def half(size_bytes):  # one reduce-scatter or all-gather over the dp group
+        return hierarchical_collective_s(size_bytes, dp_local, dp / dp_local, r.intra_bw,
+                                         r.intra_lat, r.inter_bw_per_gpu, r.inter_lat, 1)
+
+    dp_total, dp_exposed = dp_comm_times_s(
+        zero, m, half(stage_params * grad_bytes), half(stage_params * param_bytes),
+        half(np.minimum(last_bucket_bytes(zero, grad_bytes, reduce_bucket_elements, ddp_bucket_bytes),
+                        stage_params * grad_bytes)),
+        fwd_mb, bwd_mb)
+    offloaded = opt_target > 0
+    offload = (optimizer_offload_s(offloaded, shard_params, grad_bytes, param_bytes,
+                                   param_target == 0, r.pcie_bw, bwd_mb)
+               + nvme_optimizer_s(opt_target == 2, shard_params, optimizer_bytes, node,
+                                  r.nvme_read_bw, r.nvme_write_bw)
+               + param_offload_s(param_target, m, shard_params, param_bytes, node, r.pcie_bw,
+                                 r.nvme_read_bw, fwd_mb, bwd_mb))
+    cpu = cpu_adam_s(offloaded, shard_params, node, r.cpu_adam_params_per_s)
+    gpu_opt = gpu_optimizer_s(offloaded, shard_params, optimizer_bytes, grad_bytes, param_bytes,
+                              r.hbm_bw)
+    step = (compute + recompute + memory + tp_comm + pp_comm + bubble + dp_exposed + offload
+            + cpu + gpu_opt)
+    return dict(compute_s=compute, recompute_s=recompute, memory_bound_s=memory,
+                tp_comm_s=tp_comm, pp_comm_s=pp_comm,
+                bubble_s=bubble, dp_comm_s=dp_total, dp_comm_exposed_s=dp_exposed,
+                offload_s=offload, cpu_optimizer_s=cpu, gpu_optimizer_s=gpu_opt, step_s=step)
+
+
+def rate_terms(r: Rates, step_s, tokens_per_step, model_flops, hardware_flops, train_tokens):
+    """Throughput, utilisation and run length from the step time (MFU: PaLM, Chowdhery et al.
+    2022 App. B; days: seed 004 §1 training time = total FLOPs / (GPUs x achieved FLOP/s))."""
+    tokens_per_s = tokens_per_step / step_s
+    peak_all = step_s * r.num_gpus * r.peak_flops_per_s
+    seconds = train_tokens / tokens_per_s
+    return dict(tokens_per_s=tokens_per_s, mfu=model_flops / peak_all,
+                hfu=hardware_flops / peak_all, days=seconds / flops_mod.SECONDS_PER_DAY,
+                gpu_hours=seconds / flops_mod.SECONDS_PER_HOUR * r.num_gpus)
+
+
+def tp_allreduces_per_layer(recompute) -> int:
+    """2 forward + 2 backward (Narayanan et al. 2021 §3.3); full recompute repeats the forward's 2."""
+    return 6 if recompute == "full" else 4
+
+
+def stage_layers_and_params(model: ModelSpec, tp: int, pp: int) -> tuple[int, int]:
+    """Layers and per-GPU parameters of the largest pipeline stage (params.stage_params)."""
+    stages = params.stage_params(model, tp, pp)
+    return max(s.num_layers for s in stages), max(s.total for s in stages)
+
+
+def zero_shard_params(stage_params, dp, zero):
+    """Parameters whose optimizer step this GPU owns: the stage shard / dp under ZeRO >= 1."""
+    return np.where(zero > 0, stage_params / dp, stage_params)
+
+
+def estimate_step(model: ModelSpec, cluster: Cluster, layout: Layout, setup: TrainSetup,
+                  efficiency: float | None = None) -> StepEstimate:
+    """Step time of one layout: the scalar reference the sweep is tested against."""
+    r = cluster_rates(cluster, setup, efficiency)
+    if layout.num_gpus != cluster.num_gpus:
+        raise PlanInputError("layout", f"tp*pp*dp = {layout.num_gpus} must equal the cluster's "
+                                       f"GPUs {cluster.num_gpus}")
+    flops = flops_mod.step_flops(model, setup, layout)
+    layers, stage_params = stage_layers_and_params(model, layout.tp, layout.pp)
+    balance = layers * layout.pp / model.num_layers  # slowest stage / average stage
+    per_gpu = balance / r.num_gpus
+    prec = setup.precision
+    token_b, score_b = elementwise_layer_bytes(
+        model, setup.seq_len, layout.micro_batch, layout.tp, layout.sequence_parallel,
+        layout.flash_attention, prec.activation_bytes)
+    terms = step_terms(
+        r, tp=layout.tp, pp=layout.pp, dp=layout.dp, vs=layout.virtual_stages,
+        zero=layout.zero_stage, opt_target=TARGET_CODE[layout.offload_optimizer],
+        param_target=TARGET_CODE[layout.offload_params], m=layout.grad_accum, layers=layers,
+        act_bytes=layout.micro_batch * setup.seq_len * model.hidden_size * prec.activation_bytes,
+        sp=layout.sequence_parallel, tp_allreduces=tp_allreduces_per_layer(layout.recompute),
+        elementwise_bytes=elementwise_step_bytes(token_b, score_b,
+                                                 RECOMPUTE_CODE[layout.recompute]),
+        elementwise_fwd_bytes=token_b + score_b,
+        shard_params=zero_shard_params(stage_params, layout.dp, layout.zero_stage),
+        stage_params=stage_params, grad_bytes=prec.grad_bytes, param_bytes=prec.param_bytes,
+        optimizer_bytes=optimizer_bytes_per_param(prec, setup.optimizer),
+        fwd_flops=flops.forward_flops * per_gpu, bwd_flops=flops.backward_flops * per_gpu,
+        recompute_flops=flops.recompute_flops * per_gpu,
+        reduce_bucket_elements=layout.buffers.reduce_bucket_elements,
+        ddp_bucket_bytes=layout.buffers.ddp_bucket_bytes,
+    )
+    tokens = setup.global_batch * setup.seq_len
+    rates = rate_terms(r, terms["step_s"], tokens, flops.model_flops, flops.hardware_flops,
+                       setup.train_tokens)
+    values = {k: float(v) for k, v in {**terms, **rates}.items()}
+    return StepEstimate(**values, compute_efficiency=r.efficiency)
