@@ -133,3 +133,18 @@ def test_equations_sections_named_in_planner_exist():
             for number in [first, *re.findall(r"\d+", more)]:
                 assert number in numbered, f"{path.relative_to(ROOT)}: docs/equations.md " \
                                            f"has no section {number}"
+
+
+def test_links_into_references_resolve():
+    """Links to `#anchor` inside docs/references.md, and `references.md#anchor` from docs/ and
+    planner/, name an anchor the page defines (a renamed section cannot leave dead links)."""
+    defined = defined_anchors(REFERENCES.read_text())
+    links = {(REFERENCES, a) for a in re.findall(r"\]\(#([\w-]+)\)", REFERENCES.read_text())}
+    for top in ("docs", "planner"):
+        for path in sorted((ROOT / top).rglob("*")):
+            if path.is_file() and path.suffix in SUFFIXES:
+                text = path.read_text(errors="replace")
+                links |= {(path, a) for a in re.findall(r"references\.md#([\w-]+)", text)}
+    assert len(links) > 50
+    dead = sorted(f"{p.relative_to(ROOT)} -> #{a}" for p, a in links if a not in defined)
+    assert not dead, f"links to anchors docs/references.md does not define: {dead}"
