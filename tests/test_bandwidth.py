@@ -1,9 +1,9 @@
-"""ZeRO-Infinity §4 arithmetic intensity and efficiency (seed 000 §4, EQUATIONS.md §5).
+"""ZeRO-Infinity §4 arithmetic intensity and efficiency (seed 000 §4, docs/equations.md §5).
 
 The seed stops after the efficiency definition; the intensities seq·bsz, seq·bsz/4 and 24·hd·ci
-(EQUATIONS.md §5) are checked against the ratios of computation to data movement they come from,
-and the efficiencies are worked by hand. V100-class peak 70e12 FLOP/s and seq 1024 are the
-setting of the paper's Figure 3.
+(docs/equations.md §5) are checked against the ratios of computation to data movement they
+come from, and the efficiencies are worked by hand. V100-class peak 70e12 FLOP/s and seq 1024
+are the setting of the paper's Figure 3.
 """
 
 from __future__ import annotations

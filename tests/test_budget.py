@@ -1,6 +1,6 @@
 """zplan budget: FLOPs of a GPU budget, compute-optimal N and D, and the Chinchilla loss.
 
-Expected values are the seed's worked examples (seed 004 §1.3-§1.5 and §4, EQUATIONS.md §4, §7)
+Expected values are the seed's worked examples (seed 004 §1.3-§1.5 and §4, docs/equations.md §4, §7)
 or arithmetic written out here.
 """
 

@@ -2,6 +2,7 @@
 
 No torch import here: it compares a `Measured` record with `planner.core.params`, `planner.memory.model_states`,
 `planner.memory.activations` and `planner.core.flops`, so the tests and the report can use it on stored runs.
+Seed and paper citations: docs/references.md
 """
 
 from __future__ import annotations

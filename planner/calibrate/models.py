@@ -5,6 +5,7 @@ Every tensor saved for backward is created under a `tags.tensor_class` naming wh
 (e.g. `fc1_input`), so the saved-tensor hook can attribute it. Attention is explicit matmuls
 on CPU (FlopCounterMode counts no FLOPs for CPU scaled_dot_product_attention) and SDPA on CUDA.
 Parameter layout follows `planner.core.params` (Q, K, V, O; fc1/fc2 or gate/up/down; two norms).
+Seed and paper citations: docs/references.md
 """
 
 from __future__ import annotations

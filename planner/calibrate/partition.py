@@ -9,6 +9,7 @@ split differently, so the exact per-rank prediction needs their rules:
   last ranks get fewer or none), and keeps each chunk padded to ceil(d0/N) rows
   (torch/distributed/fsdp/_fully_shard/_fsdp_param.py, `_init_sharded_param`).
 The tensor list is the calibrate model's (planner.calibrate.models), in `named_parameters` order.
+Seed and paper citations: docs/references.md
 """
 
 from __future__ import annotations

@@ -8,6 +8,7 @@ Precision recipes (planner.recipes) map onto real tensors:
 - `optimizer_grad_copy_bytes` 4 (ZeRO-Infinity): the master's fp32 `.grad` is kept next to the
   model's fp16 gradient;
 - fp16 compute: dynamic loss scaling with `torch.amp.GradScaler` on the fp32 master gradients.
+Seed and paper citations: docs/references.md
 """
 
 from __future__ import annotations

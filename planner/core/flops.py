@@ -6,6 +6,7 @@ tokens: 24·B·s·h² + 4·B·s²·h (seed 004 §1.2.3); logits 2·B·s·h·V (s
 Causal attention is counted over the full s x s scores, as the seed, Megatron (Narayanan et al.
 2021 eq. 3) and PaLM's MFU (Chowdhery et al. 2022, appendix B) do; sliding windows likewise.
 Element-wise work (softmax, norms, activations) is neglected, as in the seed.
+Seed and paper citations: docs/references.md
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
-"""Named precision recipes and optimizers (EQUATIONS.md §2).
+"""Named precision recipes and optimizers (docs/equations.md §2).
 
 Bytes per parameter = param + grad + master + optimizer grad copy + states x state bytes.
 The three conventions of the seeds are all here and all real:
 ZeRO paper 16 (001 §1.3), Megatron 18 (004 §3.5.1), ZeRO-Infinity 20 (000 §3 eq.2).
+Seed and paper citations: docs/references.md
 """
 
 from __future__ import annotations

@@ -1,11 +1,13 @@
 """Typed inputs of the planner: what is trained, on what, laid out how, with which setup.
 
-Four inputs kept apart (calculon's Application / System / Execution split, DESIGN.md):
-`ModelSpec` + `Cluster` + `Layout` + `TrainSetup`. All are frozen pydantic models with
-`extra="forbid"`; hardware numbers come from YAML in `hardware_profiles/` with a source each.
+Four inputs kept apart (calculon's Application / System / Execution split,
+docs/references.md#paper-calculon): `ModelSpec` + `Cluster` + `Layout` + `TrainSetup`. All are
+frozen pydantic models with `extra="forbid"`; hardware numbers come from YAML in
+`hardware_profiles/` with a source each.
 YAML keys carry their unit (`memory_gib`, `nvlink_gb_per_s`); SI values are exposed as
 properties with the unit in the name (`memory_bytes`, `intra_node_bytes_per_s`).
 Cross-field rules raise `ValueError` messages that name every factor involved.
+Seed and paper citations: docs/references.md
 """
 
 from __future__ import annotations
@@ -424,7 +426,7 @@ class Optimizer(Frozen):
 
 
 class PrecisionRecipe(Frozen):
-    """Bytes of every part of the model states, per parameter (EQUATIONS.md §2)."""
+    """Bytes of every part of the model states, per parameter (docs/equations.md §2)."""
 
     name: str
     """Identifier, e.g. `zero-fp16`."""

@@ -1,4 +1,4 @@
-"""Arithmetic intensity and offload efficiency (ZeRO-Infinity, seed 000 §4; EQUATIONS.md §5).
+"""Arithmetic intensity and offload efficiency (ZeRO-Infinity, seed 000 §4; docs/equations.md §5).
 
 Without overlap of compute and data movement (seed 000 §4):
     compute_time = total_computation / peak_tp
@@ -10,6 +10,7 @@ Per training iteration with activation checkpointing (ZeRO-Infinity §4.1): comp
 intensities seq·bsz (parameters and gradients), seq·bsz/4 (optimizer states), 24·hd·ci
 (activation checkpoints). The data movements below are the ones that give those intensities.
 Units: FLOPs, bytes, bytes/s, FLOP/s; ait in FLOPs per byte.
+Seed and paper citations: docs/references.md
 """
 
 from __future__ import annotations
@@ -78,7 +79,7 @@ def communication_time_s(total_flops: float, ait: float, bw_bytes_per_s: float) 
 
 def offload_efficiency(ait: float, bw_bytes_per_s: float, peak_flops_per_s: float) -> float:
     """efficiency = ait·bw / (ait·bw + peak_tp): compute time over compute + movement time,
-    no overlap (seed 000 §4; EQUATIONS.md §5)."""
+    no overlap (seed 000 §4; docs/equations.md §5)."""
     return ait * bw_bytes_per_s / (ait * bw_bytes_per_s + peak_flops_per_s)
 
 

@@ -3,6 +3,7 @@
 Seed 004 §1.4-§1.5 (C ≈ 6·P·D, 8·P·D with full recompute; time = k·D·P / (GPUs·peak·MFU);
 D ≈ 20·P) and §4 (the Chinchilla parametric loss, Hoffmann et al. 2022 approach 3).
 The law's constants are data (`planner/data/scaling_laws.yaml`), not code.
+Seed and paper citations: docs/references.md
 """
 
 from __future__ import annotations

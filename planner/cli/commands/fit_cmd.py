@@ -1,4 +1,7 @@
-"""`zplan fit`, `zplan presets`, `zplan show`."""
+"""`zplan fit`, `zplan presets`, `zplan show`.
+
+Seed and paper citations: docs/references.md
+"""
 
 from __future__ import annotations
 
