@@ -55,6 +55,8 @@ class PublicRun(Frozen):
     recompute: Literal["none", "selective", "full", "unknown"]
     engine: str
     tflops_per_gpu: float
+    iteration_time_s: float | None = None
+    """The published iteration time, where given."""
     mfu: float | None = None
     counting: str
     assumed: tuple[str, ...]

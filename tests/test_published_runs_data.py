@@ -9,6 +9,8 @@ import importlib.util
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 _spec = importlib.util.spec_from_file_location("published_runs_data",
                                                ROOT / "benchmarks" / "published_runs_data.py")
@@ -64,3 +66,16 @@ def test_every_row_cites_and_names_its_assumptions():
     for r in RUNS.values():
         assert len(r.source) > 40 and r.paper
         assert r.checked in ("stored", "transcribed")
+
+
+def test_mt_nlg_iteration_times_match_tflops_by_megatron_eq3():
+    # Narayanan et al. 2021 eq. 3: F = 96·B·s·l·h²·(1 + s/(6h) + V/(16·l·h)); MT-NLG B 1920,
+    # s 2048, l 105, h 20480, V 50272: 1 + 0.0166667 + 0.0014611 = 1.0181278,
+    # F = 1.662478e19 x 1.0181278 = 1.692598e19 FLOPs per iteration.
+    # 2240 GPUs, 60.1 s -> 125.7 (paper 126); 2800, 50.2 s -> 120.4 (121); 3360, 44.4 s -> 113.5 (113).
+    f = 96 * 1920 * 2048 * 105 * 20480**2 * (1 + 2048 / (6 * 20480) + 50272 / (16 * 105 * 20480))
+    assert f == pytest.approx(1.692598e19, rel=1e-6)
+    for gpus in (2240, 2800, 3360):
+        r = RUNS[f"mt-nlg-530b-{gpus}"]
+        assert r.num_gpus == gpus and r.dp == gpus // 280
+        assert abs(f / (r.iteration_time_s * gpus) / 1e12 - r.tflops_per_gpu) <= 1.0
