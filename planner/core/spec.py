@@ -149,6 +149,18 @@ class ModelSpec(Frozen):
 # --------------------------------------------------------------------------- hardware
 
 
+class GemmPoint(Frozen):
+    """One measured GEMM: C[m x n] = A[m x k] · B[k x n] in `dtype` ran at `efficiency` x the GPU's
+    dense peak for that dtype (planner.timing.gemm interpolates between points)."""
+
+    dtype: Literal["fp32", "tf32", "fp16", "bf16", "fp8"]
+    m: int
+    n: int
+    k: int
+    efficiency: float
+    source: str
+
+
 class GpuSpec(Frozen):
     """One accelerator. Every number has a `sources` entry (vendor sheet)."""
 
@@ -170,6 +182,9 @@ class GpuSpec(Frozen):
     """Fraction of dense peak a published end-to-end training run reached on this GPU, counting
     the FLOPs it executed (recompute included, as the seed's k = 8 does): the default utilisation
     of `zplan budget`, which has no layout to run the step-time model on."""
+    gemm_efficiency: tuple[GemmPoint, ...] = ()
+    """Measured GEMM efficiencies by shape and dtype, each with its own source (the step model's
+    per-GEMM efficiency, planner.timing.gemm); empty when no public measurement was found."""
     sources: dict[str, str]
     """Citation for each numeric field, keyed by field name."""
 

@@ -75,15 +75,17 @@ def budget(
     calibration: opt.CalibrationOpt = None,
     dtype: Annotated[str, typer.Option("--dtype", help="Dtype whose dense peak counts (bf16, fp16, fp8, ...).")] = "bf16",
     recompute: Annotated[str, typer.Option("--recompute", help="none (6PD) or full (8PD: a second forward).")] = "none",
+    seq_len: Annotated[Optional[int], typer.Option("--seq-len", help="Training sequence length: adds the attention FLOPs 2k·L·d_attn·T per token (needs --model).")] = None,
     law: Annotated[Optional[str], typer.Option("--law", help="Scaling law name in planner/data/scaling_laws.yaml, or a YAML file [default: chinchilla-approach3].")] = None,
     profiles: opt.ProfilesOpt = None,
     json_out: opt.JsonOpt = False,
 ) -> None:
     """Compute budget and Chinchilla scaling law.
 
-    With GPUs and --days/--gpu-hours: the training FLOPs available, the compute-optimal N and D
-    (D = 20 N, C = 6 N D) and the predicted loss. With --model/--params and --tokens: the FLOPs,
-    days and GPU-hours (GPUs optional) and the predicted loss. Exit 0, or 2 on bad input.
+    With GPUs and --days/--gpu-hours: the training FLOPs available, N and D by the D = 20 N rule
+    and by the argmin of the fitted loss law (C = 6 N D), each with its predicted loss. With
+    --model/--params and --tokens: the FLOPs (with --seq-len, the attention term), days and
+    GPU-hours (GPUs optional) and the predicted loss. Exit 0, or 2 on bad input.
     """
     from planner.timing import budget as plan
     from planner.data import scaling_law
@@ -108,7 +110,7 @@ def budget(
         result = plan.budget_for_model(
             n_params, tokens, recompute, chosen_law,
             num_gpus=hardware.num_gpus if hardware else None, peak_flops_per_s=peak, mfu=utilisation,
-            active_params=n_active)
+            active_params=n_active, attention=_attention_dims(model, seq_len, profiles))
         render_model_budget(result, hardware.gpu.name if hardware else None, json_out)
         return
     if hardware is None or peak is None or utilisation is None:
@@ -135,6 +137,19 @@ def _param_count(model: Optional[str], params: Optional[float], profiles) -> tup
 
     count = count_params(opt.resolve_model(model, profiles))  # type: ignore[arg-type]
     return float(count.total), float(count.active)
+
+
+def _attention_dims(model: Optional[str], seq_len: Optional[int],
+                    profiles) -> tuple[int, int, int] | None:
+    """(layers, heads x head dim, --seq-len) of --model for the attention FLOPs, or None."""
+    if seq_len is None:
+        return None
+    if not seq_len > 0:
+        raise PlanInputError("--seq-len", f"must be a positive integer (got {seq_len})")
+    if model is None:
+        raise PlanInputError("--seq-len", "needs --model (layers and attention width), not --params")
+    spec = opt.resolve_model(model, profiles)
+    return spec.num_layers, spec.num_heads * spec.head_size, seq_len
 
 
 def _peak(gpu, dtype: str) -> float:

@@ -74,9 +74,14 @@ def render_compute_budget(budget: ComputeBudget, gpu_name: str, json_out: bool) 
     console.print(
         f"{budget.num_gpus:,} × {gpu_name} at MFU {budget.mfu:.2f} for {budget.seconds / 86400:,.1f} "
         f"days ({budget.gpu_hours:,.0f} GPU-hours): [bold]{budget.flops:.3e}[/bold] training FLOPs")
-    console.print(f"compute-optimal: N = {fmt_count(budget.optimal_params)} parameters, "
-                  f"D = {fmt_count(budget.optimal_tokens)} tokens (C = 6·N·D, D/N from the law)")
+    console.print(f"compute-optimal by the D = {budget.optimal_tokens / budget.optimal_params:g}·N rule: "
+                  f"N = {fmt_count(budget.optimal_params)} parameters, "
+                  f"D = {fmt_count(budget.optimal_tokens)} tokens (C = 6·N·D)")
     console.print(_loss_line(budget.loss, budget.law))
+    if budget.loss_optimal_params is not None and budget.loss_at_loss_optimal is not None:
+        console.print(f"compute-optimal by the argmin of the fitted law: N = {fmt_count(budget.loss_optimal_params)} "
+                      f"parameters, D = {fmt_count(budget.loss_optimal_tokens)} tokens (C = 6·N·D)")
+        console.print(_loss_line(budget.loss_at_loss_optimal, budget.law))
 
 
 def render_model_budget(budget: ModelBudget, gpu_name: str | None, json_out: bool) -> None:
@@ -87,9 +92,14 @@ def render_model_budget(budget: ModelBudget, gpu_name: str | None, json_out: boo
     console = human_console()
     active = "" if budget.active_params == budget.params else f" ({fmt_count(budget.active_params)} active)"
     console.print(f"{fmt_count(budget.params)} parameters{active} × {fmt_count(budget.tokens)} tokens × "
-                  f"{budget.k} = [bold]{budget.flops:.3e}[/bold] FLOPs "
+                  f"{budget.k} = [bold]{budget.flops - budget.attention_flops:.3e}[/bold] FLOPs "
                   f"({budget.tokens_per_param:.1f} tokens per parameter; compute-optimal "
                   f"{fmt_count(budget.compute_optimal_tokens)} tokens)")
+    if budget.seq_len is not None:
+        console.print(f"+ attention at sequence length {budget.seq_len:,}: "
+                      f"{budget.attention_flops:.3e} FLOPs "
+                      f"({budget.attention_flops / (budget.flops - budget.attention_flops):.1%} on top)"
+                      f" = [bold]{budget.flops:.3e}[/bold] FLOPs")
     if budget.days is not None and budget.gpu_hours is not None:
         console.print(f"on {budget.num_gpus:,} × {gpu_name} at MFU {budget.mfu:.2f}: "
                       f"[bold]{budget.days:,.1f} days[/bold], {budget.gpu_hours:,.0f} GPU-hours")

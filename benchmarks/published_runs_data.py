@@ -1,0 +1,90 @@
+"""Public training runs beyond Narayanan 2021 Table 1 / Korthikanti 2022: layout, throughput,
+citation, and the in-sample / out-of-sample split (benchmarks/data/published_runs.yaml).
+
+    python benchmarks/published_runs_data.py      # list the rows by split
+
+The split rule is written at the top of the YAML and in docs/accuracy.md (by paper, fixed
+2026-11-23 before any model error on these rows was computed). This module only loads and
+validates; it computes no model error.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Literal
+
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from planner.core.spec import Frozen  # noqa: E402
+
+DATA = Path(__file__).resolve().parent / "data" / "published_runs.yaml"
+
+
+class RunModel(Frozen):
+    """The model dimensions a run states."""
+
+    num_layers: int
+    hidden_size: int
+    num_heads: int
+    num_kv_heads: int | None = None
+    ffn_hidden_size: int | None = None
+    """None: 4 x hidden_size (GPT)."""
+    vocab_size: int
+    seq_len: int
+
+
+class PublicRun(Frozen):
+    """One published run: layout, measured throughput, citation, split."""
+
+    name: str
+    split: Literal["in_sample", "out_of_sample"]
+    paper: str
+    gpu: str
+    num_gpus: int
+    model: RunModel | None
+    """None when the dimensions were not transcribed from the source."""
+    tp: int
+    cp: int = 1
+    pp: int
+    dp: int
+    global_batch: int | None
+    micro_batch: int | None
+    recompute: Literal["none", "selective", "full", "unknown"]
+    engine: str
+    tflops_per_gpu: float
+    iteration_time_s: float | None = None
+    """The published iteration time, where given."""
+    mfu: float | None = None
+    counting: str
+    assumed: tuple[str, ...]
+    """Fields not stated in the cited source."""
+    checked: Literal["stored", "transcribed"]
+    """'stored': read in a stored copy of the source this session; 'transcribed': from the paper,
+    to be re-checked."""
+    source: str
+
+
+def load_runs(path: Path = DATA) -> tuple[PublicRun, ...]:
+    """All rows of the YAML, validated."""
+    data = yaml.safe_load(path.read_text())
+    return tuple(PublicRun(**row) for row in data["runs"])
+
+
+def by_split(runs: tuple[PublicRun, ...], split: str) -> tuple[PublicRun, ...]:
+    return tuple(r for r in runs if r.split == split)
+
+
+def main() -> None:
+    runs = load_runs()
+    for split in ("in_sample", "out_of_sample"):
+        print(f"{split}:")
+        for r in by_split(runs, split):
+            print(f"  {r.name:<28} {r.gpu:<10} {r.num_gpus:>6} GPUs  tp {r.tp} cp {r.cp} pp {r.pp}"
+                  f" dp {r.dp}  {r.tflops_per_gpu:>6.1f} TFLOP/s/GPU  ({r.checked})")
+
+
+if __name__ == "__main__":
+    main()
