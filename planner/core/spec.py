@@ -15,6 +15,8 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 GIB = 1024**3
+MIB = 1024**2
+KIB = 1024
 GB = 10**9
 TB = 10**12
 US = 1e-6
@@ -168,12 +170,28 @@ class GpuSpec(Frozen):
     """Fraction of dense peak a published end-to-end training run reached on this GPU, counting
     the FLOPs it executed (recompute included, as the seed's k = 8 does): the default utilisation
     of `zplan budget`, which has no layout to run the step-time model on."""
+    usable_memory_mib: float | None = Field(default=None, gt=0)
+    """Memory the driver reports as the device total (nvidia-smi `MiB` total), MiB (2^20 bytes):
+    what a process can ever use. None: not known (the runtime reserve then refuses to guess)."""
+    cuda_context_mib: float | None = Field(default=None, ge=0)
+    """Device memory the CUDA context of one PyTorch process takes outside the allocator, MiB
+    (driver, loaded kernels; lazy module loading since CUDA 11.7). None: not known."""
+    cublas_workspace_kib: int | None = Field(default=None, ge=0)
+    """PyTorch's default cuBLAS workspace per (handle, stream) on this architecture, KiB
+    (aten/src/ATen/cuda/CublasHandlePool.cpp `parseChosenWorkspaceSize`). None: not known."""
     sources: dict[str, str]
     """Citation for each numeric field, keyed by field name."""
 
     @property
     def memory_bytes(self) -> int:
         return int(round(self.memory_gib * GIB))
+
+    @property
+    def usable_memory_bytes(self) -> int | None:
+        """nvidia-smi's total in bytes, or None when the profile does not give it."""
+        if self.usable_memory_mib is None:
+            return None
+        return int(round(self.usable_memory_mib * MIB))
 
     @property
     def hbm_bytes_per_s(self) -> float:
@@ -190,8 +208,9 @@ class GpuSpec(Frozen):
     @model_validator(mode="after")
     def _sources(self) -> GpuSpec:
         fields = ("memory_gib", "peak_tflops", "hbm_gb_per_s", "achieved_efficiency")
-        if self.end_to_end_utilisation is not None:
-            fields += ("end_to_end_utilisation",)
+        optional = ("end_to_end_utilisation", "usable_memory_mib", "cuda_context_mib",
+                    "cublas_workspace_kib")
+        fields += tuple(name for name in optional if getattr(self, name) is not None)
         _require_sources(self, fields)
         return self
 
