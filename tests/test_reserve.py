@@ -2,8 +2,8 @@
 
 Every expected figure is arithmetic on the cited sources: NCCL's buffer defaults
 (NVIDIA/nccl src/init.cc, src/include/device.h, commit 5067397c), PyTorch's cuBLAS workspace
-defaults (aten/src/ATen/cuda/CublasHandlePool.cpp, commit 26a39059), and the nvidia-smi totals
-in the GPU profiles' sources.
+defaults (aten/src/ATen/cuda/CublasHandlePool.cpp, commit 26a39059), and the CUDA-reported
+totals in the GPU profiles' sources.
 """
 
 from __future__ import annotations
@@ -49,37 +49,39 @@ def test_training_communicators(tp, pp, dp, expected):
 
 
 def test_h100_reserve_parts():
-    # h100-sxm profile: 80 GiB nominal, nvidia-smi total 81,559 MiB, CUDA context 300 MiB,
+    # h100-sxm profile: 80 GiB nominal, CUDA total 79.11 GiB, CUDA context 300 MiB,
     # cuBLAS workspace 32,768 KiB (sm90), with tp=8 and dp=2 -> 2 communicators.
     gpu = load_gpu("h100-sxm")
     parts = runtime_reserve_bytes(gpu, communicators=2)
-    usable = 81_559 * MIB  # 85,520,809,984
+    usable = 84_943_715_697  # round(79.11 x 2^30 = 84,943,715,696.64)
+    assert gpu.usable_memory_bytes == usable
     assert parts == {
-        "driver_unavailable": 80 * GIB - usable,  # 361 MiB = 378,535,936
+        "driver_unavailable": 80 * GIB - usable,  # 955,630,223 (0.89 GiB)
         "cuda_context": 300 * MIB,  # 314,572,800
         "nccl_buffers": 2 * 16 * 2 * 9_633_792,  # 616,562,688
         "cublas_workspace": 32 * MIB,  # 33,554,432
-        "fragmentation": -(-usable * 5 // 100),  # ceil(0.05 x 85,520,809,984 = ...499.2)
+        "fragmentation": 4_247_185_785,  # ceil(0.05 x usable = 4,247,185,784.85)
     }
-    assert parts["driver_unavailable"] == 378_535_936
-    assert parts["fragmentation"] == 4_276_040_500
-    # 5,619,266,356 bytes = 5.23 GiB held back on each H100 of such a job
-    assert sum(parts.values()) == 5_619_266_356
+    assert parts["driver_unavailable"] == 955_630_223
+    # 6,167,505,928 bytes = 5.74 GiB held back on each H100 of such a job
+    assert sum(parts.values()) == 6_167_505_928
 
 
-def test_a100_reports_all_its_memory_and_uses_the_default_cublas_workspace():
+def test_a100_uses_the_default_cublas_workspace():
     gpu = load_gpu("a100-80gb")
     parts = runtime_reserve_bytes(gpu, fragmentation_fraction=0)
-    assert parts["driver_unavailable"] == 0  # nvidia-smi 81,920 MiB = 80 GiB
+    assert parts["driver_unavailable"] == 80 * GIB - round(79.25 * GIB)  # 768 MiB
     assert parts["cublas_workspace"] == 4096 * 1024 * 2 + 16 * 1024 * 8 == 8_519_680
     assert parts["nccl_buffers"] == 0  # no communicator by default
     assert parts["fragmentation"] == 0
 
 
 def test_override_keeps_the_driver_shortfall_only():
-    gpu = load_gpu("rtx-4090")  # 24 GiB nominal, nvidia-smi 24,564 MiB: 12 MiB short
+    gpu = load_gpu("rtx-4090")  # 24 GiB nominal, CUDA total 23.61 GiB
     parts = runtime_reserve_bytes(gpu, communicators=5, override_bytes=2 * GIB)
-    assert parts == {"driver_unavailable": 12 * MIB, "user_reserve": 2 * GIB}
+    short = 24 * GIB - 25_351_044_465  # round(23.61 x 2^30 = 25,351,044,464.64) -> 418,759,311
+    assert parts == {"driver_unavailable": short, "user_reserve": 2 * GIB}
+    assert short == 418_759_311
     with pytest.raises(PlanInputError) as err:
         runtime_reserve_bytes(gpu, override_bytes=-1)
     assert err.value.field == "--reserve"
@@ -91,16 +93,16 @@ def test_profile_without_reserve_fields_is_an_input_error():
                                                 "achieved_efficiency")})
     with pytest.raises(PlanInputError) as err:
         runtime_reserve_bytes(bare)
-    assert err.value.field == "gpu.usable_memory_mib"
+    assert err.value.field == "gpu.usable_memory_gib"
     # an explicit reserve does not help: the usable capacity still needs the driver's figure
     with pytest.raises(PlanInputError):
         runtime_reserve_bytes(bare, override_bytes=GIB)
 
 
 def test_reserve_field_needs_a_source():
-    with pytest.raises(ValueError, match="usable_memory_mib"):
+    with pytest.raises(ValueError, match="usable_memory_gib"):
         GpuSpec(name="x", memory_gib=16, peak_tflops={"fp16": 1.0}, hbm_gb_per_s=1,
-                usable_memory_mib=16000,
+                usable_memory_gib=15.5,
                 sources={k: "s" for k in ("memory_gib", "peak_tflops", "hbm_gb_per_s",
                                           "achieved_efficiency")})
 

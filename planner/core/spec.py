@@ -170,9 +170,11 @@ class GpuSpec(Frozen):
     """Fraction of dense peak a published end-to-end training run reached on this GPU, counting
     the FLOPs it executed (recompute included, as the seed's k = 8 does): the default utilisation
     of `zplan budget`, which has no layout to run the step-time model on."""
-    usable_memory_mib: float | None = Field(default=None, gt=0)
-    """Memory the driver reports as the device total (nvidia-smi `MiB` total), MiB (2^20 bytes):
-    what a process can ever use. None: not known (the runtime reserve then refuses to guess)."""
+    usable_memory_gib: float | None = Field(default=None, gt=0)
+    """Device memory CUDA reports to a process as the total, GiB as PyTorch prints it (two
+    decimals): `torch.cuda.mem_get_info()[1]`, the "total capacity" of PyTorch's OOM message and
+    vLLM's `total_memory`. What a process can ever use; below nvidia-smi's total on recent
+    drivers. None: not known (the runtime reserve then refuses to guess)."""
     cuda_context_mib: float | None = Field(default=None, ge=0)
     """Device memory the CUDA context of one PyTorch process takes outside the allocator, MiB
     (driver, loaded kernels; lazy module loading since CUDA 11.7). None: not known."""
@@ -188,10 +190,11 @@ class GpuSpec(Frozen):
 
     @property
     def usable_memory_bytes(self) -> int | None:
-        """nvidia-smi's total in bytes, or None when the profile does not give it."""
-        if self.usable_memory_mib is None:
+        """The CUDA-reported total in bytes (to the 0.005 GiB the figure is printed with), or
+        None when the profile does not give it."""
+        if self.usable_memory_gib is None:
             return None
-        return int(round(self.usable_memory_mib * MIB))
+        return int(round(self.usable_memory_gib * GIB))
 
     @property
     def hbm_bytes_per_s(self) -> float:
@@ -208,7 +211,7 @@ class GpuSpec(Frozen):
     @model_validator(mode="after")
     def _sources(self) -> GpuSpec:
         fields = ("memory_gib", "peak_tflops", "hbm_gb_per_s", "achieved_efficiency")
-        optional = ("end_to_end_utilisation", "usable_memory_mib", "cuda_context_mib",
+        optional = ("end_to_end_utilisation", "usable_memory_gib", "cuda_context_mib",
                     "cublas_workspace_kib")
         fields += tuple(name for name in optional if getattr(self, name) is not None)
         _require_sources(self, fields)

@@ -6,8 +6,9 @@ before the first tensor exists, NCCL allocates its communicator buffers, cuBLAS 
 and PyTorch's caching allocator cannot hand out every free byte (fragmentation). Each part has
 its source; see docs/reserve.md.
 
-- `driver_unavailable`: nominal HBM (`memory_gib`) minus the total nvidia-smi reports
-  (`usable_memory_mib` in the GPU profile; H100 SXM 80 GB: 81,559 MiB, 361 MiB short of 80 GiB).
+- `driver_unavailable`: nominal HBM (`memory_gib`) minus the total CUDA reports to a process
+  (`usable_memory_gib` in the GPU profile, as PyTorch's OOM message prints it; H100 SXM 80 GB:
+  79.11 GiB, 0.89 GiB short of 80 GiB; nvidia-smi's own total, 81,559 MiB, is higher).
 - `cuda_context`: the CUDA context of one PyTorch process (`cuda_context_mib`, per generation).
 - `nccl_buffers`: per communicator, per channel, per connection: NCCL's LL + LL128 + Simple
   protocol buffers (NVIDIA/nccl src/init.cc `computeBuffSizes`, src/include/device.h, commit
@@ -102,7 +103,7 @@ def runtime_reserve_bytes(gpu: GpuSpec, *, communicators: int = 0,
     """
     usable = gpu.usable_memory_bytes
     if usable is None:
-        _required(gpu, "usable_memory_mib")
+        _required(gpu, "usable_memory_gib")
     driver = {"driver_unavailable": max(0, gpu.memory_bytes - usable)}  # type: ignore[operator]
     if override_bytes is not None:
         if override_bytes < 0:
