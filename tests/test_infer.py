@@ -362,14 +362,15 @@ def test_serving_reserve_of_h100():
     from planner.memory.infer import serving_reserve
 
     reserve = serving_reserve(_h100(), InferConfig(batch=1, context=8, tp=2))
-    # CUDA context 300 MiB + cuBLAS 32 MiB (sm90); one tp communicator: 16 channels x 2
-    # connections x 9,633,792 bytes = 308,281,344; no fragmentation (0.9 is the margin)
-    assert reserve.parts(1) == {"cuda_context": 314_572_800, "cublas_workspace": 33_554_432}
-    assert reserve.parts(2) == {"cuda_context": 314_572_800, "cublas_workspace": 33_554_432,
-                                "nccl_buffers": 308_281_344}
+    # outside vLLM's budget (held before its memory snapshot): CUDA context 300 MiB and, with a
+    # tp group, one communicator's NCCL buffers, 16 channels x 2 connections x 9,633,792 =
+    # 308,281,344; inside: the cuBLAS workspace, 32 MiB on sm90. No fragmentation part.
+    assert reserve.outside_budget(1) == {"cuda_context": 314_572_800}
+    assert reserve.outside_budget(2) == {"cuda_context": 314_572_800, "nccl_buffers": 308_281_344}
+    assert reserve.in_budget_parts == {"cublas_workspace": 33_554_432}
     user = serving_reserve(_h100(), InferConfig(batch=1, context=8, tp=2,
                                                 reserve_override_bytes=GIB))
-    assert user.parts(2) == {"user_reserve": GIB}
+    assert user.parts(2) == {"user_reserve": GIB} and user.outside_budget(2) == {}
 
 
 def test_llama3_70b_tp2_on_two_h100_serves_three_8k_sequences():
@@ -381,25 +382,28 @@ def test_llama3_70b_tp2_on_two_h100_serves_three_8k_sequences():
     #   activation peak of an 8,192-token step: rows of 2·8192 + (32 + 2·4)·128 + 3·28672/2
     #             = 16,384 + 5,120 + 43,008 = 64,512 elements x 2 bytes x 8,192 = 1,056,964,608,
     #             + fp32 logits 3 sequences x 64,128 x 4 = 769,536
-    #   reserve   = 314,572,800 + 33,554,432 + 308,281,344 = 656,408,576
+    #   in the budget: cuBLAS workspace 33,554,432
     #   KV cache  = 2 · 80 · (8/2) · 128 · 2 bytes = 163,840 per token x 8,192 x 3 = 4,026,531,840
-    weights, peak = 70_553_706_496, 1_056_964_608 + 769_536
-    reserve, kv = 656_408_576, 4_026_531_840
-    total = weights + peak + reserve + kv
-    assert total == 76_294_381_056
-    budget = 76_449_344_127
+    #   outside the budget (in its 10 % margin of 8,494,371,570): CUDA context 314,572,800 +
+    #             NCCL 308,281,344 = 622,854,144
+    weights, peak, cublas, kv = 70_553_706_496, 1_056_964_608 + 769_536, 33_554_432, 4_026_531_840
+    in_budget = weights + peak + cublas + kv
+    assert in_budget == 75_671_526_912
+    budget, outside = 76_449_344_127, 622_854_144
     cfg = InferConfig(batch=3, context=8192, tp=2, weights="bf16", kv_dtype="bf16")
     from planner.memory.infer import serving_reserve
 
     h100 = _h100()
     mem = inference_memory(LLAMA3_70B, LLAMA3_70B_PARAMS, cfg, h100.usable_memory_bytes,
                            serving_reserve(h100, cfg))
-    assert (mem.weights_bytes, mem.workspace_bytes, mem.overhead_bytes, mem.kv_cache_bytes) == (
-        weights, peak, reserve, kv)
-    assert mem.budget_bytes == budget and mem.total_bytes == total
-    assert mem.fits and mem.headroom_bytes == budget - total == 154_963_071
-    assert mem.kv_budget_bytes == budget - (weights + peak + reserve) == 4_181_494_911
-    # a fourth 8k sequence needs 1,342,177,280 more: over the budget
+    assert (mem.weights_bytes, mem.workspace_bytes, mem.kv_cache_bytes) == (weights, peak, kv)
+    assert mem.overhead_bytes == cublas + outside == 656_408_576
+    assert mem.budget_bytes == budget and mem.outside_budget_bytes == outside
+    assert outside <= h100.usable_memory_bytes - budget == 8_494_371_570
+    assert mem.total_bytes == in_budget + outside == 76_294_381_056
+    assert mem.fits and mem.headroom_bytes == budget - in_budget == 777_817_215
+    assert mem.kv_budget_bytes == budget - (weights + peak + cublas) == 4_804_349_055
+    # a fourth 8k sequence needs 1,342,177,280 more than the room left (777,817,215 - 256,512)
     four = cfg.model_copy(update={"batch": 4})
     assert not inference_memory(LLAMA3_70B, LLAMA3_70B_PARAMS, four, h100.usable_memory_bytes,
                                 serving_reserve(h100, four)).fits
@@ -409,12 +413,21 @@ def test_llama3_70b_tp2_on_two_h100_serves_three_8k_sequences():
 
 def test_fp8_kv_cache_doubles_the_sequences():
     # fp8 KV: 81,920 bytes per token per rank, 671,088,640 per 8k sequence. Room at batch b:
-    # 76,449,344,127 - (70,553,706,496 + 1,056,964,608 + 656,408,576) - 256,512·b
-    # = 4,182,264,447 - 256,512·b; 6 sequences need 4,026,531,840 <= 4,180,725,375,
-    # 7 need 4,697,620,480 > 4,180,468,863.
+    # 76,449,344,127 - (70,553,706,496 + 1,056,964,608 + 33,554,432) - 256,512·b
+    # = 4,805,118,591 - 256,512·b; 7 sequences need 4,697,620,480 <= 4,803,323,007,
+    # 8 need 5,368,709,120 > 4,803,066,495.
     cfg = InferConfig(batch=1, context=8192, tp=2, weights="bf16", kv_dtype="fp8")
     plan = plan_inference(LLAMA3_70B, _h100(), cfg)
-    assert plan.max_batch == 6
+    assert plan.max_batch == 7
+
+
+def test_context_and_nccl_must_fit_the_margin():
+    # at utilisation 0.999 the margin, capacity - floor(0.999 x capacity) = 84,943,716 bytes, is
+    # smaller than the CUDA context (314,572,800): vLLM refuses to start ("Free memory on device
+    # ... is less than desired GPU memory utilization"), and so does the plan.
+    cfg = InferConfig(batch=1, context=128, tp=2, weights="bf16", memory_utilisation=0.999)
+    plan = plan_inference(LLAMA3_70B, _h100(), cfg)
+    assert plan.memory.headroom_bytes > 0 and not plan.memory.fits
 
 
 def test_the_seed_account_says_it_does_not_fit():

@@ -98,27 +98,44 @@ class InferMemory(Frozen):
     memory_utilisation: float
     """Fraction of the capacity that may be used (`seed`: 1)."""
     budget_bytes: int
-    """floor(memory_utilisation x capacity): what the total must stay within."""
+    """floor(memory_utilisation x capacity): what everything but `outside_budget_bytes` must
+    stay within (`seed`: the capacity)."""
+    outside_budget_bytes: int = 0
+    """`serving`: reserve parts held outside the budget (CUDA context, NCCL buffers); they must
+    fit in capacity - budget."""
     kv_budget_bytes: int
-    """The budget minus everything but the KV cache: the KV cache room (vLLM's "Available KV
-    cache memory")."""
+    """The budget minus everything in it but the KV cache: the KV cache room (vLLM's "Available
+    KV cache memory")."""
     headroom_bytes: int
-    """budget - total."""
+    """budget - (total - outside_budget_bytes)."""
     fits: bool
 
 
 class ServingReserve(Frozen):
-    """The runtime reserve of one GPU for the `serving` account, as plain numbers: parts that do
-    not depend on tp, and the NCCL buffers of the one tensor-parallel communicator (tp > 1)."""
+    """The runtime reserve of one GPU for the `serving` account, as plain numbers.
 
-    fixed_parts: dict[str, int] = {}
+    vLLM takes its memory snapshot after the CUDA context exists and after NCCL is initialised
+    (vllm/v1/worker/gpu_worker.py, "Initialize the distributed environment BEFORE taking memory
+    snapshot ... NCCL buffers are allocated before we measure"), so those two live outside the
+    `gpu_memory_utilization` budget, in its margin; the cuBLAS workspace is allocated by the
+    caching allocator during the profile run, so it is inside (part of the torch peak).
+    """
+
+    in_budget_parts: dict[str, int] = {}
+    """Counted inside the budget: cuBLAS workspace, or the user's `--reserve`."""
+    before_engine_parts: dict[str, int] = {}
+    """Outside the budget, held before the engine's snapshot: the CUDA context."""
     nccl_bytes_per_communicator: int = 0
+    """Outside the budget: NCCL buffers of the one tensor-parallel communicator (tp > 1)."""
+
+    def outside_budget(self, tp: int) -> dict[str, int]:
+        """Parts held outside the budget at this tp: NCCL buffers only when there is a tp group."""
+        nccl = {"nccl_buffers": self.nccl_bytes_per_communicator} if tp > 1 else {}
+        return {**self.before_engine_parts, **(nccl if self.nccl_bytes_per_communicator else {})}
 
     def parts(self, tp: int) -> dict[str, int]:
-        """Named parts at this tp: NCCL buffers only when there is a tp group."""
-        if tp > 1 and self.nccl_bytes_per_communicator:
-            return {**self.fixed_parts, "nccl_buffers": self.nccl_bytes_per_communicator}
-        return dict(self.fixed_parts)
+        """Every named part at this tp."""
+        return {**self.outside_budget(tp), **self.in_budget_parts}
 
 
 NO_RESERVE = ServingReserve()
@@ -300,37 +317,42 @@ def seed_memory(model: ModelSpec, num_params: int, cfg: InferConfig,
 def serving_memory(model: ModelSpec, num_params: int, cfg: InferConfig, capacity_bytes: int,
                    reserve: ServingReserve = NO_RESERVE) -> InferMemory:
     """A serving engine's account (vLLM `determine_available_memory`): weights + activation peak
-    of the largest batched step + runtime reserve + KV cache within utilisation x capacity."""
+    of the largest batched step + the in-budget reserve + KV cache within floor(utilisation x
+    capacity); the CUDA context and NCCL buffers within the rest of the capacity."""
     weights = weights_bytes(num_params, cfg.weights, cfg.tp)
     kv = kv_cache_bytes(model, cfg.batch, cfg.context, KV_BYTES[cfg.kv_dtype], cfg.tp)
     tokens = batched_step_tokens(cfg)
     peak = step_activation_bytes(model, tokens, min(cfg.batch, tokens),
                                  cached_positions(model, cfg.context), cfg.activation_bytes,
                                  cfg.tp, cfg.flash_attention)
-    parts = reserve.parts(cfg.tp)
     budget = memory_budget_bytes(capacity_bytes, cfg.memory_utilisation)
-    non_kv = weights + peak + sum(parts.values())
-    total = non_kv + kv
+    outside = sum(reserve.outside_budget(cfg.tp).values())
+    in_budget_non_kv = weights + peak + sum(reserve.in_budget_parts.values())
+    in_budget = in_budget_non_kv + kv
+    parts = reserve.parts(cfg.tp)
     return InferMemory(
         account="serving", weights_bytes=weights, kv_cache_bytes=kv, workspace_bytes=peak,
         overhead_bytes=sum(parts.values()), reserve_parts=parts, step_tokens=tokens,
-        total_bytes=total, capacity_bytes=capacity_bytes,
+        total_bytes=in_budget + outside, capacity_bytes=capacity_bytes,
         memory_utilisation=cfg.memory_utilisation, budget_bytes=budget,
-        kv_budget_bytes=budget - non_kv, headroom_bytes=budget - total, fits=total <= budget,
+        outside_budget_bytes=outside, kv_budget_bytes=budget - in_budget_non_kv,
+        headroom_bytes=budget - in_budget,
+        fits=in_budget <= budget and outside <= capacity_bytes - budget,
     )
 
 
 def serving_reserve(gpu: GpuSpec, cfg: InferConfig) -> ServingReserve:
-    """The GPU profile's runtime reserve for a serving engine: CUDA context and cuBLAS workspace
-    (or the user's `--reserve`), and one tensor-parallel NCCL communicator when tp > 1. No
+    """The GPU profile's runtime reserve for a serving engine: the CUDA context and one
+    tensor-parallel NCCL communicator (tp > 1) outside the budget, the cuBLAS workspace inside;
+    `--reserve` replaces all three and is counted inside the budget (conservative). No
     fragmentation part: the utilisation fraction is the engine's margin. The driver's shortfall
     is already out of the CUDA-reported capacity."""
-    parts = runtime_reserve_bytes(gpu, fragmentation_fraction=0,
-                                  override_bytes=cfg.reserve_override_bytes)
-    fixed = {k: v for k, v in parts.items() if k not in ("driver_unavailable", "fragmentation",
-                                                         "nccl_buffers")}
-    nccl = 0 if cfg.reserve_override_bytes is not None else nccl_buffer_bytes(1)
-    return ServingReserve(fixed_parts=fixed, nccl_bytes_per_communicator=nccl)
+    if cfg.reserve_override_bytes is not None:
+        return ServingReserve(in_budget_parts={"user_reserve": cfg.reserve_override_bytes})
+    parts = runtime_reserve_bytes(gpu, fragmentation_fraction=0)
+    return ServingReserve(in_budget_parts={"cublas_workspace": parts["cublas_workspace"]},
+                          before_engine_parts={"cuda_context": parts["cuda_context"]},
+                          nccl_bytes_per_communicator=nccl_buffer_bytes(1))
 
 
 def serving_capacity_bytes(gpu: GpuSpec) -> int:

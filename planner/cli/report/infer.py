@@ -26,12 +26,15 @@ def _memory_rows(mem: InferMemory) -> list[tuple[str, int]]:
                 ("runtime overhead (20 % of weights, seed 004 §2.3.2)", mem.overhead_bytes),
                 ("total", mem.total_bytes), ("capacity (nominal HBM)", mem.capacity_bytes),
                 ("headroom", mem.headroom_bytes)]
-    reserve = [(f"reserve: {name.replace('_', ' ')}", value) for name, value in mem.reserve_parts.items()]
-    return [("weights", mem.weights_bytes), (step, mem.workspace_bytes), *reserve,
+    outside = [name for name in mem.reserve_parts if name not in ("cublas_workspace", "user_reserve")]
+    inside = [(f"reserve: {name.replace('_', ' ')}", value) for name, value in mem.reserve_parts.items()
+              if name not in outside]
+    margin = [(f"outside the budget: {name.replace('_', ' ')}", mem.reserve_parts[name]) for name in outside]
+    return [("weights", mem.weights_bytes), (step, mem.workspace_bytes), *inside,
             ("KV cache needed", mem.kv_cache_bytes), ("KV cache room", mem.kv_budget_bytes),
-            ("total", mem.total_bytes), ("capacity (CUDA-reported)", mem.capacity_bytes),
             (f"budget ({mem.memory_utilisation:g} × capacity)", mem.budget_bytes),
-            ("headroom (budget - total)", mem.headroom_bytes)]
+            ("headroom in the budget", mem.headroom_bytes), *margin,
+            ("total", mem.total_bytes), ("capacity (CUDA-reported)", mem.capacity_bytes)]
 
 
 def render_infer(plan: InferPlan, json_out: bool) -> None:
