@@ -497,3 +497,18 @@ def test_cli_serving_bad_input_exit_2(zplan, args, field):
     assert result.stdout == ""
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and f"{field}:" in lines[0]
+
+
+@pytest.mark.cli
+def test_cli_gpu_file_without_usable_memory(zplan, tmp_path):
+    # A user's GPU file without usable_memory_gib: the serving account cannot size the budget,
+    # so it is an input error naming the key (exit 2, one line); the seed account still runs.
+    gpu = tmp_path / "mygpu.yaml"
+    gpu.write_text(
+        "name: mygpu\nmemory_gib: 80\npeak_tflops: {fp16: 312.0, bf16: 312.0}\nhbm_gb_per_s: 2039\n"
+        "sources: {memory_gib: s, peak_tflops: s, hbm_gb_per_s: s, achieved_efficiency: s}\n")
+    bad = zplan("infer", "--model", "llama2-7b", "--gpu", str(gpu))
+    assert bad.returncode == 2 and bad.stdout == ""
+    lines = bad.stderr.strip().splitlines()
+    assert len(lines) == 1 and "usable_memory_gib" in lines[0]
+    assert zplan("infer", "--model", "llama2-7b", "--gpu", str(gpu), "--account", "seed").returncode == 0

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 from rich.table import Table
 
 from planner.cli.report import emit_json, fmt_count, fmt_seconds, gib, human_console
+from planner.memory.reserve import headroom_warning
 
 if TYPE_CHECKING:
     from planner.timing.budget import ComputeBudget, LossTerms, ModelBudget
@@ -56,9 +57,10 @@ def render_infer(plan: InferPlan, json_out: bool) -> None:
     console.print(table)
     verdict = "[green]fits[/green]" if mem.fits else "[red]does not fit[/red]"
     tp_text = "none (not even tp = num_kv_heads)" if plan.min_tp is None else str(plan.min_tp)
-    console.print(f"{verdict}; largest batch at context {cfg.context:,}: {plan.max_batch:,}; "
-                  f"largest context at batch {cfg.batch}: {plan.max_context:,}; "
-                  f"smallest tp that fits: {tp_text}")
+    warning = headroom_warning(mem.headroom_bytes, mem.capacity_bytes) if mem.account == "seed" else None
+    console.print(f"{verdict}{f' ({warning})' if warning else ''}; largest batch at context "
+                  f"{cfg.context:,}: {plan.max_batch:,}; largest context at batch {cfg.batch}: "
+                  f"{plan.max_context:,}; smallest tp that fits: {tp_text}")
     speed = Table(title=f"Roofline bounds per tp rank ({plan.compute_dtype} peak × {plan.efficiency:.2f}, "
                         "HBM peak); the tp ranks run each step together", title_justify="left")
     for header in ("phase", "FLOPs", "HBM GiB", "FLOP/byte", "ridge", "bound", "time ≥", "rate ≤"):
