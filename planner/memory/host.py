@@ -76,8 +76,9 @@ def partial_node(node: NodeSpec, num_gpus: int) -> NodeSpec:
 
 
 def with_cpu_memory(cluster: Cluster, cpu_mem_gib: float) -> Cluster:
-    """The cluster with `cpu_mem_gib` GiB of host RAM per node (`--cpu-mem-gib`): what the
-    machine the job runs on really has, replacing the profile's (or its share's) figure."""
+    """The cluster with `cpu_mem_gib` GiB of host RAM per node (`--cpu-mem-gib`): the RAM this
+    job may use on each of its nodes (on a slice of a node: the slice's), replacing the profile's
+    or its share's figure. Apply it after the cluster is built (after `partial_node`)."""
     if not cpu_mem_gib > 0:
         raise PlanInputError("--cpu-mem-gib", f"must be a positive number of GiB, got {cpu_mem_gib}")
     sources = {**cluster.node.sources, "cpu_memory_gib": "user input --cpu-mem-gib"}
