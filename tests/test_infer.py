@@ -18,10 +18,13 @@ from planner.memory.infer import (
     kv_cache_bytes,
     max_batch,
     max_context,
+    memory_budget_bytes,
     min_tp,
+    plan_inference,
     prefill_roofline,
     roofline,
     runtime_overhead_bytes,
+    step_activation_bytes,
     sum_visible_keys,
     weights_bytes,
     workspace_bytes,
@@ -152,7 +155,7 @@ TOY_FREE = 10_737_418 - 2_000_000 - 400_000
 def test_max_batch_toy():
     # per sequence at s=128: KV 2·2·4·16·2·128 = 65,536 + workspace 216,992 = 282,528
     assert TOY_GPU.memory_bytes == 10_737_418
-    cfg = InferConfig(batch=1, context=128)
+    cfg = InferConfig(batch=1, context=128, account="seed")
     assert max_batch(TOY, TOY_PARAMS, cfg, TOY_GPU.memory_bytes) == TOY_FREE // 282_528 == 29
     assert inference_memory(TOY, TOY_PARAMS, cfg.model_copy(update={"batch": 29}),
                             TOY_GPU.memory_bytes).fits
@@ -162,19 +165,20 @@ def test_max_batch_toy():
 
 def test_max_context_toy():
     # per token at b=1: KV 2·2·4·16·2 = 512 + workspace 832·2 = 1,664 → 2,176; logits 4,000 fixed
-    cfg = InferConfig(batch=1, context=128)
+    cfg = InferConfig(batch=1, context=128, account="seed")
     assert max_context(TOY, TOY_PARAMS, cfg, TOY_GPU.memory_bytes) == (TOY_FREE - 4000) // 2176 == 3829
 
 
 def test_max_batch_zero_when_weights_do_not_fit():
-    assert max_batch(TOY, 10**9, InferConfig(batch=1, context=128), TOY_GPU.memory_bytes) == 0
+    assert max_batch(TOY, 10**9, InferConfig(batch=1, context=128, account="seed"),
+                     TOY_GPU.memory_bytes) == 0
 
 
 def test_min_tp_llama2_70b_on_a100_80gb():
     # tp=1: 2·68,976,648,192 bytes of weights alone exceed 80 GiB = 85,899,345,920.
     # tp=2: weights 68,976,648,192 + overhead 13,795,329,639 (20 %, rounded up)
     #       + KV 1,342,177,280 / 2 + workspace 4096·64512·2 + 64,000 = 83,971,612,775 ≤ 80 GiB.
-    cfg = InferConfig(batch=1, context=4096)
+    cfg = InferConfig(batch=1, context=4096, account="seed")
     total_tp2 = 68_976_648_192 + 13_795_329_639 + 671_088_640 + 4096 * 64512 * 2 + 64_000
     assert total_tp2 == 83_971_612_775 < 80 * GIB
     mem = inference_memory(LLAMA2_70B, LLAMA2_70B_PARAMS, cfg.model_copy(update={"tp": 2}), 80 * GIB)
@@ -270,7 +274,7 @@ def test_long_context_allowed_with_override():
 
 def test_chunked_prefill_bounds_the_workspace():
     # 512-token chunks of a 4096 prompt: 512 rows of 832 elements, flash attention over 4096 keys
-    cfg = InferConfig(batch=1, context=4096, prefill_chunk=512)
+    cfg = InferConfig(batch=1, context=4096, prefill_chunk=512, account="seed")
     mem = inference_memory(TOY, TOY_PARAMS, cfg, TOY_GPU.memory_bytes)
     assert mem.workspace_bytes == 512 * 832 * 2 + 4000
 
@@ -329,3 +333,182 @@ def test_encoder_rejected():
     with pytest.raises(PlanInputError) as err:
         check_config(bert, InferConfig(batch=1, context=128))
     assert err.value.field == "model"
+
+
+# --------------------------------------------------------------------------- serving account
+
+# meta-llama/Meta-Llama-3-70B config.json: 80 layers, 64 heads, 8 kv heads of 128, d_ff 28672,
+# vocab 128256, max 8192 positions; safetensors total 70,553,706,496 parameters.
+LLAMA3_70B = ModelSpec(name="llama3-70b", num_layers=80, hidden_size=8192, num_heads=64,
+                       num_kv_heads=8, ffn_hidden_size=28672, vocab_size=128256, max_seq_len=8192,
+                       mlp="swiglu", norm="rmsnorm", position="rotary", tied_embeddings=False,
+                       linear_bias=False)
+LLAMA3_70B_PARAMS = 70_553_706_496
+
+
+def _h100():
+    from planner.io.loading import load_gpu
+
+    return load_gpu("h100-sxm")
+
+
+def test_memory_budget_is_exact_for_the_decimal():
+    # 0.9 x 84,943,715,697 = 76,449,344,127.3 -> 76,449,344,127 (no binary-float drift)
+    assert memory_budget_bytes(84_943_715_697, 0.9) == 76_449_344_127
+    assert memory_budget_bytes(10, 0.25) == 2
+
+
+def test_serving_reserve_of_h100():
+    from planner.memory.infer import serving_reserve
+
+    reserve = serving_reserve(_h100(), InferConfig(batch=1, context=8, tp=2))
+    # outside vLLM's budget (held before its memory snapshot): CUDA context 300 MiB and, with a
+    # tp group, one communicator's NCCL buffers, 16 channels x 2 connections x 9,633,792 =
+    # 308,281,344; inside: the cuBLAS workspace, 32 MiB on sm90. No fragmentation part.
+    assert reserve.outside_budget(1) == {"cuda_context": 314_572_800}
+    assert reserve.outside_budget(2) == {"cuda_context": 314_572_800, "nccl_buffers": 308_281_344}
+    assert reserve.in_budget_parts == {"cublas_workspace": 33_554_432}
+    user = serving_reserve(_h100(), InferConfig(batch=1, context=8, tp=2,
+                                                reserve_override_bytes=GIB))
+    assert user.parts(2) == {"user_reserve": GIB} and user.outside_budget(2) == {}
+
+
+def test_llama3_70b_tp2_on_two_h100_serves_three_8k_sequences():
+    # Issue 11: serving engines run Llama-3-70B at TP=2 on two 80 GB H100s with several 8k
+    # sequences. Per GPU (one tp rank), by hand:
+    #   capacity  = round(79.11 GiB) = 84,943,715,697 (CUDA-reported total, h100-sxm profile)
+    #   budget    = floor(0.9 x capacity) = 76,449,344,127 (vLLM gpu_memory_utilization 0.9)
+    #   weights   = 2 bytes x 70,553,706,496 / 2 ranks = 70,553,706,496
+    #   activation peak of an 8,192-token step: rows of 2·8192 + (32 + 2·4)·128 + 3·28672/2
+    #             = 16,384 + 5,120 + 43,008 = 64,512 elements x 2 bytes x 8,192 = 1,056,964,608,
+    #             + fp32 logits 3 sequences x 64,128 x 4 = 769,536
+    #   in the budget: cuBLAS workspace 33,554,432
+    #   KV cache  = 2 · 80 · (8/2) · 128 · 2 bytes = 163,840 per token x 8,192 x 3 = 4,026,531,840
+    #   outside the budget (in its 10 % margin of 8,494,371,570): CUDA context 314,572,800 +
+    #             NCCL 308,281,344 = 622,854,144
+    weights, peak, cublas, kv = 70_553_706_496, 1_056_964_608 + 769_536, 33_554_432, 4_026_531_840
+    in_budget = weights + peak + cublas + kv
+    assert in_budget == 75_671_526_912
+    budget, outside = 76_449_344_127, 622_854_144
+    cfg = InferConfig(batch=3, context=8192, tp=2, weights="bf16", kv_dtype="bf16")
+    from planner.memory.infer import serving_reserve
+
+    h100 = _h100()
+    mem = inference_memory(LLAMA3_70B, LLAMA3_70B_PARAMS, cfg, h100.usable_memory_bytes,
+                           serving_reserve(h100, cfg))
+    assert (mem.weights_bytes, mem.workspace_bytes, mem.kv_cache_bytes) == (weights, peak, kv)
+    assert mem.overhead_bytes == cublas + outside == 656_408_576
+    assert mem.budget_bytes == budget and mem.outside_budget_bytes == outside
+    assert outside <= h100.usable_memory_bytes - budget == 8_494_371_570
+    assert mem.total_bytes == in_budget + outside == 76_294_381_056
+    assert mem.fits and mem.headroom_bytes == budget - in_budget == 777_817_215
+    assert mem.kv_budget_bytes == budget - (weights + peak + cublas) == 4_804_349_055
+    # a fourth 8k sequence needs 1,342,177,280 more than the room left (777,817,215 - 256,512)
+    four = cfg.model_copy(update={"batch": 4})
+    assert not inference_memory(LLAMA3_70B, LLAMA3_70B_PARAMS, four, h100.usable_memory_bytes,
+                                serving_reserve(h100, four)).fits
+    plan = plan_inference(LLAMA3_70B, h100, cfg)
+    assert plan.memory == mem and plan.max_batch == 3
+
+
+def test_fp8_kv_cache_doubles_the_sequences():
+    # fp8 KV: 81,920 bytes per token per rank, 671,088,640 per 8k sequence. Room at batch b:
+    # 76,449,344,127 - (70,553,706,496 + 1,056,964,608 + 33,554,432) - 256,512·b
+    # = 4,805,118,591 - 256,512·b; 7 sequences need 4,697,620,480 <= 4,803,323,007,
+    # 8 need 5,368,709,120 > 4,803,066,495.
+    cfg = InferConfig(batch=1, context=8192, tp=2, weights="bf16", kv_dtype="fp8")
+    plan = plan_inference(LLAMA3_70B, _h100(), cfg)
+    assert plan.max_batch == 7
+
+
+def test_context_and_nccl_must_fit_the_margin():
+    # at utilisation 0.999 the margin, capacity - floor(0.999 x capacity) = 84,943,716 bytes, is
+    # smaller than the CUDA context (314,572,800): vLLM refuses to start ("Free memory on device
+    # ... is less than desired GPU memory utilization"), and so does the plan.
+    cfg = InferConfig(batch=1, context=128, tp=2, weights="bf16", memory_utilisation=0.999)
+    plan = plan_inference(LLAMA3_70B, _h100(), cfg)
+    assert plan.memory.headroom_bytes > 0 and not plan.memory.fits
+
+
+def test_the_seed_account_says_it_does_not_fit():
+    # seed 004 §2.3.2 on the same GPU, one 8k sequence: weights 70,553,706,496 + 20 % overhead
+    # 14,110,741,300 (ceil of ...299.2) + KV 1,342,177,280 + workspace 8,192 x 64,512 x 2
+    # + 256,512 = 1,057,221,120 -> 87,063,846,196 > 80 GiB = 85,899,345,920.
+    cfg = InferConfig(batch=1, context=8192, tp=2, weights="bf16", account="seed")
+    plan = plan_inference(LLAMA3_70B, _h100(), cfg)
+    assert plan.memory.total_bytes == 87_063_846_196 > 80 * GIB
+    assert not plan.memory.fits
+
+
+def test_fp8_weights():
+    from planner.memory.infer import default_compute_dtype
+    from planner.io.loading import load_gpu
+
+    assert weights_bytes(LLAMA3_70B_PARAMS, "fp8", tp=2) == LLAMA3_70B_PARAMS // 2
+    assert default_compute_dtype("fp8", _h100()) == "fp8"  # Hopper has an fp8 peak
+    assert default_compute_dtype("fp8", load_gpu("a100-80gb")) == "fp16"  # weight-only on A100
+    plan = plan_inference(LLAMA3_70B, _h100(), InferConfig(batch=1, context=8192, tp=2,
+                                                           weights="fp8", kv_dtype="fp8"))
+    assert plan.compute_dtype == "fp8"
+    assert plan.memory.weights_bytes == 35_276_853_248
+
+
+def test_step_activation_matches_the_workspace_of_a_whole_prompt():
+    # workspace_bytes(b, t) is the step of b·t rows from b sequences (TOY: 832 elements a row)
+    assert step_activation_bytes(TOY, 256, 2, 128, 2) == 256 * 832 * 2 + 2 * 4000
+    assert workspace_bytes(TOY, 2, 128, 128, 2) == step_activation_bytes(TOY, 256, 2, 128, 2)
+
+
+def test_tokens_per_second_per_gpu_is_the_group_rate_over_tp():
+    plan = plan_inference(LLAMA3_70B, _h100(), InferConfig(batch=3, context=8192, tp=2,
+                                                           weights="bf16"))
+    assert plan.decode_tokens_per_s_per_gpu == pytest.approx(plan.decode_tokens_per_s / 2)
+
+
+@pytest.mark.cli
+def test_cli_llama3_70b_tp2_serving(zplan):
+    import json
+
+    ok = zplan("infer", "--model", "llama3-70b", "--gpu", "h100-sxm", "--tp", "2", "--batch", "3",
+               "--context", "8192", "--weights", "bf16", "--json")
+    assert ok.returncode == 0, ok.stderr
+    doc = json.loads(ok.stdout)
+    assert doc["memory"]["account"] == "serving"
+    assert doc["memory"]["total_bytes"] == 76_294_381_056  # as worked above
+    over = zplan("infer", "--model", "llama3-70b", "--gpu", "h100-sxm", "--tp", "2", "--batch", "4",
+                 "--context", "8192", "--weights", "bf16")
+    assert over.returncode == 1
+    table = zplan("infer", "--model", "llama3-70b", "--gpu", "h100-sxm", "--tp", "2", "--batch",
+                  "3", "--context", "8192", "--weights", "bf16")
+    assert "GiB" in table.stderr and "bytes" not in table.stderr
+    assert "per tp group" in table.stderr and "per GPU" in table.stderr
+
+
+@pytest.mark.cli
+@pytest.mark.parametrize("args, field", [
+    (("--account", "vllm"), "--account"),
+    (("--gpu-memory-utilization", "1.5"), "--gpu-memory-utilization"),
+    (("--max-batched-tokens", "0"), "--max-batched-tokens"),
+    (("--reserve", "-1"), "--reserve"),
+])
+def test_cli_serving_bad_input_exit_2(zplan, args, field):
+    result = zplan("infer", "--model", "llama2-7b", "--gpu", "a100-80gb", *args)
+    assert result.returncode == 2
+    assert result.stdout == ""
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and f"{field}:" in lines[0]
+
+
+@pytest.mark.cli
+def test_cli_gpu_file_without_usable_memory(zplan, tmp_path):
+    # A user's GPU file without usable_memory_gib: the serving account cannot size the budget,
+    # so it is an input error naming the key (exit 2, one line); the seed account still runs.
+    gpu = tmp_path / "mygpu.yaml"
+    gpu.write_text(
+        "name: mygpu\nmemory_gib: 80\npeak_tflops: {fp16: 312.0, bf16: 312.0}\nhbm_gb_per_s: 2039\n"
+        "sources: {memory_gib: s, peak_tflops: s, hbm_gb_per_s: s, achieved_efficiency: s}\n")
+    bad = zplan("infer", "--model", "llama2-7b", "--gpu", str(gpu))
+    assert bad.returncode == 2 and bad.stdout == ""
+    lines = bad.stderr.strip().splitlines()
+    assert len(lines) == 1 and "usable_memory_gib" in lines[0]
+    assert zplan("infer", "--model", "llama2-7b", "--gpu", str(gpu), "--account", "seed").returncode == 0

@@ -17,6 +17,8 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 GIB = 1024**3
+MIB = 1024**2
+KIB = 1024
 GB = 10**9
 TB = 10**12
 US = 1e-6
@@ -185,12 +187,31 @@ class GpuSpec(Frozen):
     gemm_efficiency: tuple[GemmPoint, ...] = ()
     """Measured GEMM efficiencies by shape and dtype, each with its own source (the step model's
     per-GEMM efficiency, planner.timing.gemm); empty when no public measurement was found."""
+    usable_memory_gib: float | None = Field(default=None, gt=0)
+    """Device memory CUDA reports to a process as the total, GiB as PyTorch prints it (two
+    decimals): `torch.cuda.mem_get_info()[1]`, the "total capacity" of PyTorch's OOM message and
+    vLLM's `total_memory`. What a process can ever use; below nvidia-smi's total on recent
+    drivers. None: not known (the runtime reserve then refuses to guess)."""
+    cuda_context_mib: float | None = Field(default=None, ge=0)
+    """Device memory the CUDA context of one PyTorch process takes outside the allocator, MiB
+    (driver, loaded kernels; lazy module loading since CUDA 11.7). None: not known."""
+    cublas_workspace_kib: int | None = Field(default=None, ge=0)
+    """PyTorch's default cuBLAS workspace per (handle, stream) on this architecture, KiB
+    (aten/src/ATen/cuda/CublasHandlePool.cpp `parseChosenWorkspaceSize`). None: not known."""
     sources: dict[str, str]
     """Citation for each numeric field, keyed by field name."""
 
     @property
     def memory_bytes(self) -> int:
         return int(round(self.memory_gib * GIB))
+
+    @property
+    def usable_memory_bytes(self) -> int | None:
+        """The CUDA-reported total in bytes (to the 0.005 GiB the figure is printed with), or
+        None when the profile does not give it."""
+        if self.usable_memory_gib is None:
+            return None
+        return int(round(self.usable_memory_gib * GIB))
 
     @property
     def hbm_bytes_per_s(self) -> float:
@@ -207,8 +228,9 @@ class GpuSpec(Frozen):
     @model_validator(mode="after")
     def _sources(self) -> GpuSpec:
         fields = ("memory_gib", "peak_tflops", "hbm_gb_per_s", "achieved_efficiency")
-        if self.end_to_end_utilisation is not None:
-            fields += ("end_to_end_utilisation",)
+        optional = ("end_to_end_utilisation", "usable_memory_gib", "cuda_context_mib",
+                    "cublas_workspace_kib")
+        fields += tuple(name for name in optional if getattr(self, name) is not None)
         _require_sources(self, fields)
         return self
 

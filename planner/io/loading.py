@@ -22,6 +22,7 @@ from pydantic import BaseModel, ValidationError
 
 from planner.core.errors import PlanInputError, format_validation_error
 from planner.core.spec import Cluster, ClusterSpec, GpuSpec, ModelSpec, NodeSpec
+from planner.memory.host import partial_node
 
 HardwareKind = Literal["gpus", "nodes", "clusters"]
 PresetKind = Literal["models", "gpus", "nodes", "clusters"]
@@ -312,7 +313,8 @@ def _gpus_with_nodes(extra_dirs: Sequence[Path]) -> list[str]:
 def cluster_for_gpus(gpu: str, num_gpus: int, extra_dirs: Sequence[Path] = ()) -> Cluster:
     """`--gpu a100-80gb --gpus 256`: whole nodes of the shipped node type with that GPU.
 
-    Fewer GPUs than a node holds: one node with `gpus_per_node = num_gpus`. More: the count must
+    Fewer GPUs than a node holds: one node with `gpus_per_node = num_gpus` and that share of the
+    node's CPU RAM and NVMe (memory.host.partial_node). More: the count must
     be a multiple of the node size (nodes = num_gpus / gpus_per_node).
     """
     load_gpu(gpu, extra_dirs)  # unknown GPU names list the allowed ones
@@ -326,7 +328,7 @@ def cluster_for_gpus(gpu: str, num_gpus: int, extra_dirs: Sequence[Path] = ()) -
     node, path = candidates[0]
     per_node = node.gpus_per_node
     if num_gpus < per_node:
-        small = node.model_copy(update={"gpus_per_node": num_gpus})
+        small = partial_node(node, num_gpus)  # its share of the node's RAM and NVMe
         return _one_node_cluster(small, path, extra_dirs, name=f"{node.name}-{num_gpus}gpu")
     if num_gpus % per_node:
         lower = num_gpus // per_node * per_node

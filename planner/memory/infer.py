@@ -2,7 +2,13 @@
 
 Seed 004 §2.3.2: inference holds the weights (2 bytes per parameter in fp16) and the KV cache
 (`2·b·s·L·h_kv·2` bytes in fp16), and the runtime adds "under 20 %" of the model memory
-(total ≈ 1.2 × model memory, after kipply's "Transformer Inference Arithmetic").
+(total ≈ 1.2 × model memory, after kipply's "Transformer Inference Arithmetic"): the `seed`
+account. The default `serving` account is a serving engine's (vLLM, vllm/v1/worker/
+gpu_worker.py `determine_available_memory`, vllm-project/vllm@35d5cda1): of the total memory CUDA
+reports, a fraction `gpu_memory_utilization` (default 0.9) is the budget; weights, the activation
+peak of the largest batched step (a forward over `max_num_batched_tokens` tokens), and the memory
+outside PyTorch's allocator (CUDA context, NCCL buffers; here with the cuBLAS workspace, the
+runtime reserve of planner.memory.reserve) come off it, and the KV cache gets the rest.
 Speed: a roofline (Williams et al. 2009) per phase: time ≥ max(FLOPs / compute, bytes / HBM).
 Prefill (the prompt) is normally FLOP-bound, decode (one token per step) memory-bound.
 All byte counts are exact integers for the stated convention; approximations are named.
@@ -10,6 +16,8 @@ All byte counts are exact integers for the stated convention; approximations are
 
 from __future__ import annotations
 
+import math
+from fractions import Fraction
 from typing import Literal
 
 from pydantic import Field
@@ -17,12 +25,21 @@ from pydantic import Field
 from planner.core.errors import PlanInputError
 from planner.core.params import count_params
 from planner.core.spec import Dtype, Frozen, GpuSpec, ModelSpec, ceil_div
+from planner.memory.reserve import nccl_buffer_bytes, runtime_reserve_bytes
 
-WeightDtype = Literal["fp32", "bf16", "fp16", "int8", "int4"]
+WeightDtype = Literal["fp32", "bf16", "fp16", "fp8", "int8", "int4"]
 KvDtype = Literal["fp32", "bf16", "fp16", "fp8", "int8"]
+Account = Literal["serving", "seed"]
 
-WEIGHT_BITS: dict[str, int] = {"fp32": 32, "bf16": 16, "fp16": 16, "int8": 8, "int4": 4}
+WEIGHT_BITS: dict[str, int] = {"fp32": 32, "bf16": 16, "fp16": 16, "fp8": 8, "int8": 8, "int4": 4}
 """Bits per stored weight. Quantization scales / zero points are NOT counted (see docs/infer.md)."""
+DEFAULT_MEMORY_UTILISATION = 0.9
+"""vLLM's `gpu_memory_utilization` default (EngineArgs / CacheConfig, 0.9): the fraction of the
+total device memory the engine may use; the rest is its margin."""
+DEFAULT_MAX_BATCHED_TOKENS = 8192
+"""vLLM's `max_num_batched_tokens` default for the OpenAI server on GPUs of >= 70 GiB other than
+A100 (vllm/engine/arg_utils.py `get_batch_defaults`; 2048 on other GPUs, so 8192 gives a larger,
+safer activation peak there): tokens of one batched step (chunked prefill)."""
 KV_BYTES: dict[str, int] = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "int8": 1}
 """Bytes per cached K or V element."""
 LOGITS_BYTES = 4
@@ -47,22 +64,81 @@ class InferConfig(Frozen):
     allow_long_context: bool = False
     """Plan a context beyond the model's max_seq_len anyway."""
     prefill_chunk: int | None = Field(default=None, gt=0)
-    """Prompt tokens per forward pass (chunked prefill); None: the whole prompt at once."""
+    """`seed` account: prompt tokens per forward pass (chunked prefill); None: the whole prompt."""
+    account: Account = "serving"
+    """`serving` (a serving engine's budget, vLLM) or `seed` (seed 004 §2.3.2: weights + 20 %)."""
+    memory_utilisation: float = Field(default=DEFAULT_MEMORY_UTILISATION, gt=0, le=1)
+    """`serving`: fraction of the CUDA-reported memory the engine may use (vLLM's
+    gpu_memory_utilization)."""
+    max_batched_tokens: int | None = Field(default=None, gt=0)
+    """`serving`: tokens of the largest batched step (vLLM's max_num_batched_tokens); None: 8192."""
+    reserve_override_bytes: int | None = Field(default=None, ge=0)
+    """`serving`: the runtime reserve given by the user (`--reserve GIB`) instead of the profile's."""
 
 
 class InferMemory(Frozen):
     """Bytes on one GPU (one tp rank)."""
 
+    account: Account
     weights_bytes: int
     kv_cache_bytes: int
     workspace_bytes: int
-    """Peak transient tensors of one layer's forward over the whole prompt, plus the logits."""
+    """Activation peak: transient tensors of one layer's forward over the step's tokens (`seed`:
+    the prompt or its chunk per sequence; `serving`: the largest batched step), plus the logits."""
     overhead_bytes: int
-    """Runtime overhead, 20 % of the weights (seed 004 §2.3.2)."""
+    """`seed`: 20 % of the weights (seed 004 §2.3.2); `serving`: the runtime reserve (sum of
+    `reserve_parts`)."""
+    reserve_parts: dict[str, int] = {}
+    """`serving`: the named parts of the runtime reserve (planner.memory.reserve)."""
+    step_tokens: int
+    """Token rows of the step whose activation peak is counted."""
     total_bytes: int
     capacity_bytes: int
+    """`seed`: the nominal HBM; `serving`: the total CUDA reports (the GPU's usable_memory_gib)."""
+    memory_utilisation: float
+    """Fraction of the capacity that may be used (`seed`: 1)."""
+    budget_bytes: int
+    """floor(memory_utilisation x capacity): what everything but `outside_budget_bytes` must
+    stay within (`seed`: the capacity)."""
+    outside_budget_bytes: int = 0
+    """`serving`: reserve parts held outside the budget (CUDA context, NCCL buffers); they must
+    fit in capacity - budget."""
+    kv_budget_bytes: int
+    """The budget minus everything in it but the KV cache: the KV cache room (vLLM's "Available
+    KV cache memory")."""
     headroom_bytes: int
+    """budget - (total - outside_budget_bytes)."""
     fits: bool
+
+
+class ServingReserve(Frozen):
+    """The runtime reserve of one GPU for the `serving` account, as plain numbers.
+
+    vLLM takes its memory snapshot after the CUDA context exists and after NCCL is initialised
+    (vllm/v1/worker/gpu_worker.py, "Initialize the distributed environment BEFORE taking memory
+    snapshot ... NCCL buffers are allocated before we measure"), so those two live outside the
+    `gpu_memory_utilization` budget, in its margin; the cuBLAS workspace is allocated by the
+    caching allocator during the profile run, so it is inside (part of the torch peak).
+    """
+
+    in_budget_parts: dict[str, int] = {}
+    """Counted inside the budget: cuBLAS workspace, or the user's `--reserve`."""
+    before_engine_parts: dict[str, int] = {}
+    """Outside the budget, held before the engine's snapshot: the CUDA context."""
+    nccl_bytes_per_communicator: int = 0
+    """Outside the budget: NCCL buffers of the one tensor-parallel communicator (tp > 1)."""
+
+    def outside_budget(self, tp: int) -> dict[str, int]:
+        """Parts held outside the budget at this tp: NCCL buffers only when there is a tp group."""
+        nccl = {"nccl_buffers": self.nccl_bytes_per_communicator} if tp > 1 else {}
+        return {**self.before_engine_parts, **(nccl if self.nccl_bytes_per_communicator else {})}
+
+    def parts(self, tp: int) -> dict[str, int]:
+        """Every named part at this tp."""
+        return {**self.outside_budget(tp), **self.in_budget_parts}
+
+
+NO_RESERVE = ServingReserve()
 
 
 class Roofline(Frozen):
@@ -153,19 +229,15 @@ def mlp_width(model: ModelSpec) -> int:
     return model.ffn_hidden_size
 
 
-def workspace_bytes(model: ModelSpec, batch: int, tokens: int, kv_positions: int,
-                    activation_bytes: int, tp: int = 1, flash_attention: bool = True) -> int:
-    """Peak transient memory of a forward pass over `tokens` new tokens per sequence (prefill).
-
-    Derived from the tensor inventory of seed 004 §2.2.3, keeping only what is alive at once in
-    inference (each layer's tensors are freed before the next layer runs):
+def token_row_elements(model: ModelSpec, kv_positions: int, tp: int = 1,
+                       flash_attention: bool = True) -> int:
+    """Elements alive at once per token row of one layer's forward (inference frees each layer's
+    tensors before the next layer runs), from the tensor inventory of seed 004 §2.2.3:
     residual stream + norm output (2·h), Q/K/V (a + 2·kv heads)·head_dim / tp, then the larger of
     the attention stage (scores and probabilities 2·(a/tp)·kv_positions without fused attention,
     else the attention output a·head_dim/tp) and the MLP stage (GELU: linear output and GELU
-    output, 2·f/tp; SwiGLU: gate, up and their product, 3·f/tp); plus fp32 logits of the last
-    position of each sequence (V/tp). An estimate of the peak, not an allocator trace.
-    """
-    bt = batch * tokens  # token rows in flight
+    output, 2·f/tp; SwiGLU: gate, up and their product, 3·f/tp). An estimate, not an allocator
+    trace."""
     heads, kv_heads, d = model.num_heads // tp, model.kv_heads // tp, model.head_size
     residual = 2 * model.hidden_size  # layer input x and its normalised copy
     qkv = (heads + 2 * kv_heads) * d  # Q, K, V projections
@@ -174,9 +246,37 @@ def workspace_bytes(model: ModelSpec, batch: int, tokens: int, kv_positions: int
     else:
         attention = 2 * heads * kv_positions  # scores and softmax probabilities
     mlp = (3 if model.mlp == "swiglu" else 2) * mlp_width(model) // tp
-    elements = bt * (residual + qkv + max(attention, mlp))
-    logits = batch * ceil_div(model.vocab_size, tp) * LOGITS_BYTES  # last position, vocab-parallel
-    return elements * activation_bytes + logits
+    return residual + qkv + max(attention, mlp)
+
+
+def step_activation_bytes(model: ModelSpec, tokens: int, sequences: int, kv_positions: int,
+                          activation_bytes: int, tp: int = 1, flash_attention: bool = True) -> int:
+    """Activation peak of one forward step over `tokens` token rows from `sequences` sequences:
+    tokens x row elements x bytes, plus fp32 logits of each sequence's last position (V/tp,
+    vocab-parallel)."""
+    rows = tokens * token_row_elements(model, kv_positions, tp, flash_attention)
+    logits = sequences * ceil_div(model.vocab_size, tp) * LOGITS_BYTES
+    return rows * activation_bytes + logits
+
+
+def workspace_bytes(model: ModelSpec, batch: int, tokens: int, kv_positions: int,
+                    activation_bytes: int, tp: int = 1, flash_attention: bool = True) -> int:
+    """Peak transient memory of a forward pass over `tokens` new tokens of each of `batch`
+    sequences (prefill): `step_activation_bytes` over batch x tokens rows."""
+    return step_activation_bytes(model, batch * tokens, batch, kv_positions, activation_bytes, tp,
+                                 flash_attention)
+
+
+def batched_step_tokens(cfg: InferConfig) -> int:
+    """Token rows of the largest batched step a serving engine runs: every cached token of the
+    batch, capped by max_num_batched_tokens (chunked prefill splits longer prompts)."""
+    return min(cfg.batch * cfg.context, cfg.max_batched_tokens or DEFAULT_MAX_BATCHED_TOKENS)
+
+
+def memory_budget_bytes(capacity_bytes: int, utilisation: float) -> int:
+    """floor(utilisation x capacity), exact for the decimal written (0.9 is 9/10, not a binary
+    float)."""
+    return math.floor(Fraction(str(utilisation)) * capacity_bytes)
 
 
 def runtime_overhead_bytes(weight_bytes: int) -> int:
@@ -186,9 +286,18 @@ def runtime_overhead_bytes(weight_bytes: int) -> int:
     return ceil_div(weight_bytes * 2, 10)
 
 
-def inference_memory(model: ModelSpec, num_params: int, cfg: InferConfig,
-                     capacity_bytes: int) -> InferMemory:
-    """Bytes on one GPU: weights + KV cache + forward workspace + runtime overhead."""
+def inference_memory(model: ModelSpec, num_params: int, cfg: InferConfig, capacity_bytes: int,
+                     reserve: ServingReserve = NO_RESERVE) -> InferMemory:
+    """Bytes on one GPU under cfg.account: `serving_memory` or `seed_memory`."""
+    if cfg.account == "seed":
+        return seed_memory(model, num_params, cfg, capacity_bytes)
+    return serving_memory(model, num_params, cfg, capacity_bytes, reserve)
+
+
+def seed_memory(model: ModelSpec, num_params: int, cfg: InferConfig,
+                capacity_bytes: int) -> InferMemory:
+    """Seed 004 §2.3.2: weights + KV cache + forward workspace + 20 % of the weights, against the
+    nominal HBM."""
     weights = weights_bytes(num_params, cfg.weights, cfg.tp)
     kv = kv_cache_bytes(model, cfg.batch, cfg.context, KV_BYTES[cfg.kv_dtype], cfg.tp)
     chunk = min(cfg.context, cfg.prefill_chunk or cfg.context)  # new tokens per forward pass
@@ -197,17 +306,71 @@ def inference_memory(model: ModelSpec, num_params: int, cfg: InferConfig,
     overhead = runtime_overhead_bytes(weights)
     total = weights + kv + work + overhead
     return InferMemory(
-        weights_bytes=weights, kv_cache_bytes=kv, workspace_bytes=work, overhead_bytes=overhead,
-        total_bytes=total, capacity_bytes=capacity_bytes,
-        headroom_bytes=capacity_bytes - total, fits=total <= capacity_bytes,
+        account="seed", weights_bytes=weights, kv_cache_bytes=kv, workspace_bytes=work,
+        overhead_bytes=overhead, step_tokens=cfg.batch * chunk, total_bytes=total,
+        capacity_bytes=capacity_bytes, memory_utilisation=1.0, budget_bytes=capacity_bytes,
+        kv_budget_bytes=capacity_bytes - (total - kv), headroom_bytes=capacity_bytes - total,
+        fits=total <= capacity_bytes,
     )
+
+
+def serving_memory(model: ModelSpec, num_params: int, cfg: InferConfig, capacity_bytes: int,
+                   reserve: ServingReserve = NO_RESERVE) -> InferMemory:
+    """A serving engine's account (vLLM `determine_available_memory`): weights + activation peak
+    of the largest batched step + the in-budget reserve + KV cache within floor(utilisation x
+    capacity); the CUDA context and NCCL buffers within the rest of the capacity."""
+    weights = weights_bytes(num_params, cfg.weights, cfg.tp)
+    kv = kv_cache_bytes(model, cfg.batch, cfg.context, KV_BYTES[cfg.kv_dtype], cfg.tp)
+    tokens = batched_step_tokens(cfg)
+    peak = step_activation_bytes(model, tokens, min(cfg.batch, tokens),
+                                 cached_positions(model, cfg.context), cfg.activation_bytes,
+                                 cfg.tp, cfg.flash_attention)
+    budget = memory_budget_bytes(capacity_bytes, cfg.memory_utilisation)
+    outside = sum(reserve.outside_budget(cfg.tp).values())
+    in_budget_non_kv = weights + peak + sum(reserve.in_budget_parts.values())
+    in_budget = in_budget_non_kv + kv
+    parts = reserve.parts(cfg.tp)
+    return InferMemory(
+        account="serving", weights_bytes=weights, kv_cache_bytes=kv, workspace_bytes=peak,
+        overhead_bytes=sum(parts.values()), reserve_parts=parts, step_tokens=tokens,
+        total_bytes=in_budget + outside, capacity_bytes=capacity_bytes,
+        memory_utilisation=cfg.memory_utilisation, budget_bytes=budget,
+        outside_budget_bytes=outside, kv_budget_bytes=budget - in_budget_non_kv,
+        headroom_bytes=budget - in_budget,
+        fits=in_budget <= budget and outside <= capacity_bytes - budget,
+    )
+
+
+def serving_reserve(gpu: GpuSpec, cfg: InferConfig) -> ServingReserve:
+    """The GPU profile's runtime reserve for a serving engine: the CUDA context and one
+    tensor-parallel NCCL communicator (tp > 1) outside the budget, the cuBLAS workspace inside;
+    `--reserve` replaces all three and is counted inside the budget (conservative). No
+    fragmentation part: the utilisation fraction is the engine's margin. The driver's shortfall
+    is already out of the CUDA-reported capacity."""
+    if cfg.reserve_override_bytes is not None:
+        return ServingReserve(in_budget_parts={"user_reserve": cfg.reserve_override_bytes})
+    parts = runtime_reserve_bytes(gpu, fragmentation_fraction=0)
+    return ServingReserve(in_budget_parts={"cublas_workspace": parts["cublas_workspace"]},
+                          before_engine_parts={"cuda_context": parts["cuda_context"]},
+                          nccl_bytes_per_communicator=nccl_buffer_bytes(1))
+
+
+def serving_capacity_bytes(gpu: GpuSpec) -> int:
+    """The CUDA-reported total of the GPU (its profile's usable_memory_gib)."""
+    usable = gpu.usable_memory_bytes
+    if usable is None:
+        raise PlanInputError("gpu.usable_memory_gib",
+                             f"gpu {gpu.name} has no usable_memory_gib; add it with a source, or "
+                             "use --account seed")
+    return usable
 
 
 # --------------------------------------------------------------------------- searches
 
 
-def _fits(model: ModelSpec, num_params: int, cfg: InferConfig, capacity_bytes: int) -> bool:
-    return inference_memory(model, num_params, cfg, capacity_bytes).fits
+def _fits(model: ModelSpec, num_params: int, cfg: InferConfig, capacity_bytes: int,
+          reserve: ServingReserve = NO_RESERVE) -> bool:
+    return inference_memory(model, num_params, cfg, capacity_bytes, reserve).fits
 
 
 def _largest(ok, low: int, high: int) -> int:
@@ -221,26 +384,30 @@ def _largest(ok, low: int, high: int) -> int:
 
 
 def max_batch(model: ModelSpec, num_params: int, cfg: InferConfig, capacity_bytes: int,
-              limit: int = 1 << 24) -> int:
+              limit: int = 1 << 24, reserve: ServingReserve = NO_RESERVE) -> int:
     """Largest batch that fits at cfg.context (0 if none); memory grows with batch, so bisect."""
     return _largest(
-        lambda b: _fits(model, num_params, cfg.model_copy(update={"batch": b}), capacity_bytes),
+        lambda b: _fits(model, num_params, cfg.model_copy(update={"batch": b}), capacity_bytes,
+                        reserve),
         1, limit)
 
 
-def max_context(model: ModelSpec, num_params: int, cfg: InferConfig, capacity_bytes: int) -> int:
+def max_context(model: ModelSpec, num_params: int, cfg: InferConfig, capacity_bytes: int,
+                reserve: ServingReserve = NO_RESERVE) -> int:
     """Largest context that fits at cfg.batch (0 if none), up to max_seq_len (or cfg.context if
     --allow-long-context asked for more)."""
     limit = max(model.max_seq_len, cfg.context) if cfg.allow_long_context else model.max_seq_len
     return _largest(
-        lambda s: _fits(model, num_params, cfg.model_copy(update={"context": s}), capacity_bytes),
+        lambda s: _fits(model, num_params, cfg.model_copy(update={"context": s}), capacity_bytes,
+                        reserve),
         1, limit)
 
 
-def min_tp(model: ModelSpec, num_params: int, cfg: InferConfig, capacity_bytes: int) -> int | None:
+def min_tp(model: ModelSpec, num_params: int, cfg: InferConfig, capacity_bytes: int,
+           reserve: ServingReserve = NO_RESERVE) -> int | None:
     """Smallest tp dividing the head counts at which cfg fits on each GPU; None if none does."""
     for tp in tp_candidates(model):
-        if _fits(model, num_params, cfg.model_copy(update={"tp": tp}), capacity_bytes):
+        if _fits(model, num_params, cfg.model_copy(update={"tp": tp}), capacity_bytes, reserve):
             return tp
     return None
 
@@ -344,12 +511,19 @@ class InferPlan(Frozen):
     ttft_s: float
     """Time-to-first-token lower bound: the prefill roofline time."""
     decode_tokens_per_s: float
-    """Upper bound on generated tokens per second for the whole batch, at the full context."""
+    """Upper bound on generated tokens per second for the whole batch, at the full context: the
+    rate of the tensor-parallel group (its tp GPUs run each step together)."""
+    decode_tokens_per_s_per_gpu: float
+    """The group's rate divided by its tp GPUs (for comparing deployments per GPU)."""
     notes: list[str]
 
 
-def default_compute_dtype(weights: str) -> Dtype:
-    """Matmul dtype: the weights' own for floats; fp16 for int8/int4 weight-only quantization."""
+def default_compute_dtype(weights: str, gpu: GpuSpec | None = None) -> Dtype:
+    """Matmul dtype: the weights' own for fp32/fp16/bf16; fp8 weights compute in fp8 on a GPU
+    with an fp8 peak (Hopper W8A8) and in fp16 elsewhere (weight-only, as on A100); fp16 for
+    int8/int4 weight-only quantization."""
+    if weights == "fp8" and (gpu is None or "fp8" in gpu.peak_tflops):
+        return "fp8"
     return weights if weights in ("fp32", "fp16", "bf16") else "fp16"  # type: ignore[return-value]
 
 
@@ -361,12 +535,16 @@ def plan_inference(model: ModelSpec, gpu: GpuSpec, cfg: InferConfig, efficiency:
     eff = gpu.achieved_efficiency if efficiency is None else efficiency
     if not 0 < eff <= 1:
         raise PlanInputError("efficiency", f"must be in (0, 1], got {eff}")
-    dtype = compute_dtype or default_compute_dtype(cfg.weights)
+    dtype = compute_dtype or default_compute_dtype(cfg.weights, gpu)
     if dtype not in gpu.peak_tflops:
         raise PlanInputError("compute_dtype", f"gpu {gpu.name} has no peak for {dtype}; "
                              f"has {', '.join(sorted(gpu.peak_tflops))}")
     compute = gpu.peak_flops_per_s(dtype) * eff
-    memory = inference_memory(model, count.total, cfg, gpu.memory_bytes)
+    if cfg.account == "serving":
+        capacity, reserve = serving_capacity_bytes(gpu), serving_reserve(gpu, cfg)
+    else:
+        capacity, reserve = gpu.memory_bytes, NO_RESERVE
+    memory = inference_memory(model, count.total, cfg, capacity, reserve)
     read_params = decode_weight_params(model, count.total, count.layer.total, count.layer.active,
                                        cfg.batch)
     prefill = prefill_roofline(model, count.active, memory.weights_bytes, cfg, compute,
@@ -376,18 +554,23 @@ def plan_inference(model: ModelSpec, gpu: GpuSpec, cfg: InferConfig, efficiency:
     return InferPlan(
         model=model.name, gpu=gpu.name, config=cfg, params_total=count.total,
         params_active=count.active, memory=memory,
-        max_batch=max_batch(model, count.total, cfg, gpu.memory_bytes),
-        max_context=max_context(model, count.total, cfg, gpu.memory_bytes),
-        min_tp=min_tp(model, count.total, cfg, gpu.memory_bytes),
+        max_batch=max_batch(model, count.total, cfg, capacity, reserve=reserve),
+        max_context=max_context(model, count.total, cfg, capacity, reserve),
+        min_tp=min_tp(model, count.total, cfg, capacity, reserve),
         compute_dtype=dtype, efficiency=eff, prefill=prefill, decode=decode,
         ttft_s=prefill.time_s, decode_tokens_per_s=cfg.batch / decode.time_s,
+        decode_tokens_per_s_per_gpu=cfg.batch / decode.time_s / cfg.tp,
         notes=_notes(model, cfg),
     )
 
 
 def _notes(model: ModelSpec, cfg: InferConfig) -> list[str]:
     notes = []
-    if cfg.weights in ("int8", "int4"):
+    if cfg.account == "serving":
+        notes.append(f"serving account: {cfg.memory_utilisation:g} of the CUDA-reported memory "
+                     "(vLLM gpu_memory_utilization); activation peak of a "
+                     f"{batched_step_tokens(cfg):,}-token batched step; CUDA graphs not counted")
+    if cfg.weights in ("fp8", "int8", "int4"):
         notes.append(f"{cfg.weights} weights: quantization scales and zero points are not counted")
     if model.sliding_window and cfg.context > model.sliding_window:
         notes.append(f"sliding window {model.sliding_window}: the KV cache holds only the last "

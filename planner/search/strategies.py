@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 
 from planner.core.errors import PlanInputError
+from planner.memory.host import partial_node
 from planner.memory.plan import plan_memory
 from planner.core.spec import Cluster, Frozen, Layout, ModelSpec, TrainSetup
 
@@ -34,7 +35,7 @@ def cluster_with_gpus(cluster: Cluster, num_gpus: int) -> Cluster:
     """The same hardware with `num_gpus` GPUs: a share of one node, or whole nodes."""
     per_node = cluster.node.gpus_per_node
     if num_gpus < per_node:
-        node = cluster.node.model_copy(update={"gpus_per_node": num_gpus})
+        node = partial_node(cluster.node, num_gpus)  # its share of the node's RAM and NVMe
         return cluster.model_copy(update={"node": node, "num_nodes": 1})
     if num_gpus % per_node:
         raise PlanInputError(

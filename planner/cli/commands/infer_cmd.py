@@ -11,7 +11,7 @@ from planner.cli.commands import _options as opt
 from planner.cli.commands._common import EXIT_DOES_NOT_FIT, EXIT_FITS, input_errors_exit_2
 from planner.core.errors import PlanInputError
 
-WeightsOpt = Annotated[str, typer.Option("--weights", help="Weight dtype: fp32, bf16, fp16, int8, int4 (scales not counted).")]
+WeightsOpt = Annotated[str, typer.Option("--weights", help="Weight dtype: fp32, bf16, fp16, fp8, int8, int4 (scales not counted).")]
 KvDtypeOpt = Annotated[Optional[str], typer.Option("--kv-dtype", help="KV-cache dtype: fp32, fp16, bf16, fp8, int8 [default: the weights' float dtype, fp16 for int weights].")]
 
 
@@ -28,11 +28,16 @@ def infer(
     efficiency: Annotated[Optional[float], typer.Option("--efficiency", help="Fraction of dense peak FLOP/s for prefill [default: the GPU profile's achieved_efficiency].")] = None,
     prefill_chunk: Annotated[Optional[int], typer.Option("--prefill-chunk", min=1, help="Prompt tokens per forward pass (chunked prefill) [default: the whole prompt].")] = None,
     allow_long_context: Annotated[bool, typer.Option("--allow-long-context", help="Allow a context beyond the model's max_seq_len.")] = False,
+    account: Annotated[str, typer.Option("--account", help="serving: a serving engine's budget (vLLM: utilisation × CUDA-reported memory, runtime reserve, activation peak of the largest batched step); seed: weights + 20 % (seed 004 §2.3.2).")] = "serving",
+    memory_utilisation: Annotated[Optional[float], typer.Option("--gpu-memory-utilization", help="serving: fraction of the GPU's memory the engine may use [default: 0.9, vLLM's].")] = None,
+    max_batched_tokens: Annotated[Optional[int], typer.Option("--max-batched-tokens", help="serving: tokens of the largest batched step [default: 8192, vLLM's max_num_batched_tokens].")] = None,
+    reserve: Annotated[Optional[float], typer.Option("--reserve", help="serving: runtime reserve per GPU in GiB, instead of the GPU profile's (CUDA context, NCCL, cuBLAS).")] = None,
     profiles: opt.ProfilesOpt = None,
     json_out: opt.JsonOpt = False,
 ) -> int:
-    """Inference memory per GPU (weights, KV cache, workspace, overhead), the largest batch and
-    context that fit, the smallest tp, and roofline bounds on time-to-first-token and tokens/s.
+    """Inference memory per GPU (weights, KV cache, activation peak, runtime reserve), the
+    largest batch and context that fit, the smallest tp, and roofline bounds on
+    time-to-first-token and tokens/s.
 
     Exit 0 fits, 1 does not fit, 2 bad input.
     """
@@ -46,13 +51,49 @@ def infer(
     dtype = default_compute_dtype(weights)
     cfg = InferConfig(
         batch=batch, context=context if context is not None else spec.max_seq_len, tp=tp,
-        weights=weights, kv_dtype=_choice("--kv-dtype", kv_dtype or dtype, tuple(KV_BYTES)),
+        weights=weights, kv_dtype=_choice("--kv-dtype", kv_dtype or _kv_default(dtype), tuple(KV_BYTES)),
         activation_bytes=4 if dtype == "fp32" else 2, flash_attention=flash_attention,
         allow_long_context=allow_long_context, prefill_chunk=prefill_chunk,
+        account=_choice("--account", account, ("serving", "seed")),
+        memory_utilisation=_fraction("--gpu-memory-utilization", memory_utilisation),
+        max_batched_tokens=_positive("--max-batched-tokens", max_batched_tokens),
+        reserve_override_bytes=_reserve_bytes(reserve),
     )
     plan = plan_inference(spec, gpu_spec, cfg, efficiency=efficiency)
     render_infer(plan, json_out)
     return EXIT_FITS if plan.memory.fits else EXIT_DOES_NOT_FIT
+
+
+def _kv_default(compute_dtype: str) -> str:
+    """KV cache in the compute dtype; fp8 compute keeps a 16-bit cache unless --kv-dtype fp8."""
+    return "fp16" if compute_dtype == "fp8" else compute_dtype
+
+
+def _fraction(field: str, value: Optional[float]) -> float:
+    from planner.memory.infer import DEFAULT_MEMORY_UTILISATION
+
+    if value is None:
+        return DEFAULT_MEMORY_UTILISATION
+    if not 0 < value <= 1:
+        raise PlanInputError(field, f"must be in (0, 1], got {value}")
+    return value
+
+
+def _positive(field: str, value: Optional[int]) -> Optional[int]:
+    if value is not None and value < 1:
+        raise PlanInputError(field, f"must be >= 1, got {value}")
+    return value
+
+
+def _reserve_bytes(gib: Optional[float]) -> Optional[int]:
+    """--reserve GIB as bytes (2^30 per GiB), rounded to the byte."""
+    from planner.core.spec import GIB
+
+    if gib is None:
+        return None
+    if not gib >= 0:
+        raise PlanInputError("--reserve", f"must be >= 0 GiB, got {gib}")
+    return int(round(gib * GIB))
 
 
 def _choice(field: str, value: str, allowed: tuple[str, ...]) -> str:

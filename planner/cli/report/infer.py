@@ -6,16 +6,36 @@ from typing import TYPE_CHECKING
 
 from rich.table import Table
 
-from planner.cli.report import emit_json, fmt_bytes, fmt_count, fmt_seconds, human_console
+from planner.cli.report import emit_json, fmt_count, fmt_seconds, gib, human_console
+from planner.memory.reserve import headroom_warning
 
 if TYPE_CHECKING:
     from planner.timing.budget import ComputeBudget, LossTerms, ModelBudget
-    from planner.memory.infer import InferPlan, Roofline
+    from planner.memory.infer import InferMemory, InferPlan, Roofline
 
 
 def _roofline_row(table: Table, phase: str, r: Roofline, result: str) -> None:
-    table.add_row(phase, f"{r.flops:.3e}", fmt_bytes(r.hbm_bytes), f"{r.intensity_flops_per_byte:,.1f}",
+    table.add_row(phase, f"{r.flops:.3e}", gib(r.hbm_bytes), f"{r.intensity_flops_per_byte:,.1f}",
                   f"{r.ridge_flops_per_byte:,.1f}", r.bound, fmt_seconds(r.time_s), result)
+
+
+def _memory_rows(mem: InferMemory) -> list[tuple[str, int]]:
+    """(label, bytes) rows of the per-GPU memory table, in the order of the account."""
+    step = f"activation peak ({mem.step_tokens:,}-token step)"
+    if mem.account == "seed":
+        return [("weights", mem.weights_bytes), ("KV cache", mem.kv_cache_bytes), (step, mem.workspace_bytes),
+                ("runtime overhead (20 % of weights, seed 004 §2.3.2)", mem.overhead_bytes),
+                ("total", mem.total_bytes), ("capacity (nominal HBM)", mem.capacity_bytes),
+                ("headroom", mem.headroom_bytes)]
+    outside = [name for name in mem.reserve_parts if name not in ("cublas_workspace", "user_reserve")]
+    inside = [(f"reserve: {name.replace('_', ' ')}", value) for name, value in mem.reserve_parts.items()
+              if name not in outside]
+    margin = [(f"outside the budget: {name.replace('_', ' ')}", mem.reserve_parts[name]) for name in outside]
+    return [("weights", mem.weights_bytes), (step, mem.workspace_bytes), *inside,
+            ("KV cache needed", mem.kv_cache_bytes), ("KV cache room", mem.kv_budget_bytes),
+            (f"budget ({mem.memory_utilisation:g} × capacity)", mem.budget_bytes),
+            ("headroom in the budget", mem.headroom_bytes), *margin,
+            ("total", mem.total_bytes), ("capacity (CUDA-reported)", mem.capacity_bytes)]
 
 
 def render_infer(plan: InferPlan, json_out: bool) -> None:
@@ -28,31 +48,30 @@ def render_infer(plan: InferPlan, json_out: bool) -> None:
     console.print(
         f"[bold]{plan.model}[/bold] on [bold]{plan.gpu}[/bold]: {fmt_count(plan.params_total)} params, "
         f"weights {cfg.weights}, KV cache {cfg.kv_dtype}, tp={cfg.tp}, batch={cfg.batch}, "
-        f"context={cfg.context:,}")
-    table = Table(title="Memory per GPU", title_justify="left")
+        f"context={cfg.context:,}, account {mem.account}")
+    table = Table(title=f"Memory per GPU (one of {cfg.tp} tp ranks)", title_justify="left")
     table.add_column("part")
-    table.add_column("bytes", justify="right")
-    for name, value in (("weights", mem.weights_bytes), ("KV cache", mem.kv_cache_bytes),
-                        ("forward workspace", mem.workspace_bytes),
-                        ("runtime overhead (20 % of weights)", mem.overhead_bytes),
-                        ("total", mem.total_bytes), ("capacity", mem.capacity_bytes),
-                        ("headroom", mem.headroom_bytes)):
-        table.add_row(name, fmt_bytes(value))
+    table.add_column("GiB", justify="right")
+    for name, value in _memory_rows(mem):
+        table.add_row(name, gib(value))
     console.print(table)
     verdict = "[green]fits[/green]" if mem.fits else "[red]does not fit[/red]"
     tp_text = "none (not even tp = num_kv_heads)" if plan.min_tp is None else str(plan.min_tp)
-    console.print(f"{verdict}; largest batch at context {cfg.context:,}: {plan.max_batch:,}; "
-                  f"largest context at batch {cfg.batch}: {plan.max_context:,}; "
-                  f"smallest tp that fits: {tp_text}")
-    speed = Table(title=f"Roofline bounds per GPU ({plan.compute_dtype} peak × {plan.efficiency:.2f}, "
-                        "HBM peak)", title_justify="left")
-    for header in ("phase", "FLOPs", "bytes", "FLOP/byte", "ridge", "bound", "time ≥", "rate ≤"):
+    warning = headroom_warning(mem.headroom_bytes, mem.capacity_bytes) if mem.account == "seed" else None
+    console.print(f"{verdict}{f' ({warning})' if warning else ''}; largest batch at context "
+                  f"{cfg.context:,}: {plan.max_batch:,}; largest context at batch {cfg.batch}: "
+                  f"{plan.max_context:,}; smallest tp that fits: {tp_text}")
+    speed = Table(title=f"Roofline bounds per tp rank ({plan.compute_dtype} peak × {plan.efficiency:.2f}, "
+                        "HBM peak); the tp ranks run each step together", title_justify="left")
+    for header in ("phase", "FLOPs", "HBM GiB", "FLOP/byte", "ridge", "bound", "time ≥", "rate ≤"):
         speed.add_column(header, justify="left" if header in ("phase", "bound") else "right")
     _roofline_row(speed, "prefill", plan.prefill,
                   f"TTFT ≥ {fmt_seconds(plan.ttft_s)}")
     _roofline_row(speed, "decode step", plan.decode,
-                  f"{plan.decode_tokens_per_s:,.1f} tok/s")
+                  f"{plan.decode_tokens_per_s:,.1f} tok/s per tp group")
     console.print(speed)
+    console.print(f"decode: ≤ {plan.decode_tokens_per_s:,.1f} tok/s for the tp group of {cfg.tp} GPU"
+                  f"{'s' if cfg.tp > 1 else ''} = ≤ {plan.decode_tokens_per_s_per_gpu:,.1f} tok/s per GPU")
     console.print(f"prefill: {cfg.batch} × {cfg.context:,} prompt tokens; decode step: one token for each "
                   f"of {cfg.batch} sequences at context {cfg.context:,} (the slowest step)")
     for note in plan.notes:
