@@ -266,3 +266,32 @@ def meta_parameter_count(path: Path) -> int:
 @pytest.mark.parametrize("name", sorted(META_COUNTS))
 def test_meta_count(name):
     assert meta_parameter_count(CONFIGS / name) == META_COUNTS[name]
+
+
+# --------------------------------------------------------------------------- Megatron-LM flags
+
+
+def test_megatron_flags_place_dense_and_moe_blocks_and_read_back():
+    from planner.core.recipes import get_optimizer, get_precision
+    from planner.core.spec import Layout, TrainSetup
+    from planner.io.megatron import megatron_flags, model_from_megatron, parse_megatron_args
+
+    model = ModelSpec(name="mixed", num_layers=6, hidden_size=256, num_heads=4, num_kv_heads=2,
+                      ffn_hidden_size=1024, vocab_size=1000, max_seq_len=512, mlp="swiglu",
+                      norm="rmsnorm", position="rotary", tied_embeddings=False, linear_bias=False,
+                      dropout=False, num_experts=8, experts_per_token=2, expert_ffn_hidden_size=128,
+                      first_dense_layers=1, moe_layer_step=2)
+    setup = TrainSetup(seq_len=512, global_batch=8, train_tokens=1e9,
+                       precision=get_precision("megatron-bf16"), optimizer=get_optimizer("adam"))
+    flags = megatron_flags(model, Layout(dp=8), setup)
+    # blocks 1, 3, 5 are MoE ((i + 1) % 2 == 0, i >= 1): Megatron's list form, 1 = MoE
+    assert flags[flags.index("--moe-layer-freq") + 1] == "[0,1,0,1,0,1]"
+    back = model_from_megatron(parse_megatron_args(" ".join(flags))[1], tp=1)
+    assert [back.layer_is_moe(i) for i in range(6)] == [False, True, False, True, False, True]
+    assert params.count_params(back).total == params.count_params(model).total
+    deepseek = parse_megatron_args(" ".join(flags).replace("[0,1,0,1,0,1]", "[0,0,0,1,1,1]"))[1]
+    assert model_from_megatron(deepseek, tp=1).first_dense_layers == 3
+    with pytest.raises(PlanInputError, match="moe-layer-freq"):
+        model_from_megatron(parse_megatron_args(" ".join(flags).replace("[0,1,0,1,0,1]", "2"))[1], tp=1)
+    with pytest.raises(PlanInputError, match="kv_lora_rank: not expressible"):
+        megatron_flags(load("deepseek-v3.json"), Layout(dp=8), setup)
