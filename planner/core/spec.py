@@ -41,7 +41,9 @@ class Frozen(BaseModel):
 
 
 class ModelSpec(Frozen):
-    """What is trained: a decoder (GPT, Llama, Mistral, Mixtral) or an encoder (BERT)."""
+    """What is trained: a decoder (GPT, Llama, Mistral, Mixtral, Qwen3, DeepSeek-V3, Llama 4,
+    Gemma 3) or an encoder (BERT). Fields after `sliding_window` describe issue 13's models; their
+    defaults leave every earlier model's counts unchanged."""
 
     name: str
     """Short identifier, e.g. `gpt3-175b`."""
@@ -216,6 +218,8 @@ class ModelSpec(Frozen):
                 f"({self.local_window}) give only one of them")
         if self.local_window is None and (self.global_layer_step != 1 or self.local_attention != "sliding"):
             raise ValueError("global_layer_step / local_attention need local_window")
+        if self.gate_activation != "silu" and self.mlp != "swiglu":
+            raise ValueError(f"gate_activation={self.gate_activation} needs the gated MLP (mlp: swiglu)")
         return self
 
 
