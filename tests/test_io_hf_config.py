@@ -227,20 +227,23 @@ QWEN15_MOE = {  # huggingface.co/Qwen/Qwen1.5-MoE-A2.7B config.json
 }
 
 
-def test_qwen_moe_shared_expert_approximation(tmp_path):
+def test_qwen_moe_shared_expert_gate_counted(tmp_path):
+    # Issue 13 lifted the named approximation: the shared-expert gate now has a spec field, so
+    # the count is the published total exactly (it was published - L*h before).
     model = model_from_hf_config(write_config(tmp_path, QWEN15_MOE))
     assert model.num_shared_experts == 4  # 5632 / 1408: same 3*h*5632 parameters
+    assert model.shared_expert_gate
     h, V, L, e, E = 2048, 151936, 24, 1408, 60
     attention = 3 * (h * h + h) + h * h  # q, k, v with bias, o without
     layer = attention + E * 3 * h * e + 3 * h * 5632 + h * 1 + h * E + 2 * h  # + shared gate h x 1
     published = 2 * V * h + L * layer + h
     assert published == 14_315_784_192  # Qwen1.5-MoE-A2.7B safetensors total ("14.3B")
-    gate = L * h  # shared_expert_gate: not representable, left out and named in the source
-    assert count_params(model).total == published - gate
-    assert f"{gate:,}" in model.source
+    assert count_params(model).total == published
 
 
-def test_deepseek_dense_first_layers_rejected(tmp_path):
+def test_deepseek_dense_first_layers(tmp_path):
+    # Issue 13: first_k_dense_replace is representable now (it was refused before); block 0 is a
+    # dense SwiGLU of intermediate_size, blocks 1..27 MoE (DeepseekDecoderLayer).
     config = {  # huggingface.co/deepseek-ai/deepseek-moe-16b-base config.json (abridged)
         "model_type": "deepseek", "hidden_size": 2048, "intermediate_size": 10944,
         "moe_intermediate_size": 1408, "num_hidden_layers": 28, "num_attention_heads": 16,
@@ -248,10 +251,18 @@ def test_deepseek_dense_first_layers_rejected(tmp_path):
         "first_k_dense_replace": 1, "moe_layer_freq": 1, "vocab_size": 102400,
         "max_position_embeddings": 4096,
     }
-    with pytest.raises(PlanInputError, match="first_k_dense_replace"):
-        model_from_hf_config(write_config(tmp_path, config))
-    model = model_from_hf_config(write_config(tmp_path, dict(config, first_k_dense_replace=0)))
+    model = model_from_hf_config(write_config(tmp_path, config))
     assert (model.num_experts, model.num_shared_experts, model.expert_ffn_size) == (64, 2, 1408)
+    assert model.first_dense_layers == 1 and model.num_moe_layers == 27
+    h, V, f, e = 2048, 102400, 10944, 1408
+    attention = 4 * h * h  # MHA, no biases
+    dense = attention + 3 * h * f + 2 * h
+    moe = attention + (64 + 2) * 3 * h * e + h * 64 + 2 * h  # routed + shared experts, router
+    expected = 2 * V * h + dense + 27 * moe + h  # untied embeddings, final norm
+    assert expected == 16_375_728_128  # DeepSeekMoE 16B: "16.4B" total (Dai et al. 2024)
+    assert count_params(model).total == expected
+    with pytest.raises(PlanInputError, match="moe_layer_freq"):
+        model_from_hf_config(write_config(tmp_path, dict(config, moe_layer_freq=2)))
 
 
 BERT_BASE = {  # huggingface.co/google-bert/bert-base-uncased config.json

@@ -194,8 +194,8 @@ def test_node_schema_errors(tmp_path, change, field):
 
 
 def test_node_naming_an_unknown_gpu(tmp_path):
-    _write(tmp_path / "nodes" / "bad-node.yaml", {**TOY_NODE, "name": "bad-node", "gpu": "b200"})
-    with pytest.raises(PlanInputError, match=r"bad-node.yaml: gpu: unknown gpu 'b200'; allowed: .*a100-80gb"):
+    _write(tmp_path / "nodes" / "bad-node.yaml", {**TOY_NODE, "name": "bad-node", "gpu": "z100"})
+    with pytest.raises(PlanInputError, match=r"bad-node.yaml: gpu: unknown gpu 'z100'; allowed: .*a100-80gb"):
         load_cluster("bad-node", [tmp_path])
 
 
@@ -213,9 +213,9 @@ def test_cluster_num_nodes_zero(tmp_path):
 
 def test_unknown_cluster_lists_clusters_and_nodes():
     with pytest.raises(PlanInputError) as info:
-        load_cluster("dgx-b200")
+        load_cluster("dgx-z100")
     message = str(info.value)
-    assert message.startswith("cluster: unknown cluster 'dgx-b200'")
+    assert message.startswith("cluster: unknown cluster 'dgx-z100'")
     assert "dgx2x32" in message and "dgx-a100" in message
 
 
@@ -293,8 +293,8 @@ def test_cluster_for_gpus_needs_a_positive_count(gpus):
 
 
 def test_cluster_for_gpus_unknown_gpu():
-    with pytest.raises(PlanInputError, match="gpu: unknown gpu 'b200'"):
-        cluster_for_gpus("b200", 8)
+    with pytest.raises(PlanInputError, match="gpu: unknown gpu 'z100'"):
+        cluster_for_gpus("z100", 8)
 
 
 def test_cluster_for_gpus_gpu_without_a_node(tmp_path):

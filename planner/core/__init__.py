@@ -5,4 +5,5 @@
 - `recipes`: precision recipes and optimizers (bytes per parameter).
 - `params`: exact parameter counts, and each pipeline stage's tensor-parallel shard.
 - `flops`: training FLOPs per block, per step, per run; MFU / HFU.
+- `kvcache`: key/value cache elements per token per block (standard, MLA, local windows).
 """

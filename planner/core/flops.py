@@ -20,16 +20,38 @@ SECONDS_PER_HOUR = 3_600
 
 def attention_linear_flops(model: ModelSpec, tokens: float) -> float:
     """Q, K, V and output projections: 2·tokens·h·(a·d + 2·kv·d) + 2·tokens·(a·d)·h.
-    MHA with a·d = h: 8·tokens·h² (seed 004 §1.2.1 ① and ③); GQA shrinks K and V."""
+    MHA with a·d = h: 8·tokens·h² (seed 004 §1.2.1 ① and ③); GQA shrinks K and V.
+    MLA: 2·tokens per weight of its five projections (`mla_linear_flops`)."""
+    if model.is_mla:
+        return mla_linear_flops(model, tokens)
     h, d = model.hidden_size, model.head_size
     qkv = 2 * tokens * h * (model.num_heads + 2 * model.kv_heads) * d
     out = 2 * tokens * model.num_heads * d * h
     return qkv + out
 
 
+def mla_linear_flops(model: ModelSpec, tokens: float) -> float:
+    """MLA projections as trained (no weight absorption): 2·tokens·(h·r_q + r_q·a·(nope+rope)
+    + h·(r_kv+rope) + r_kv·a·(nope+v) + a·v·h); without q_lora_rank the query is h·a·(nope+rope)
+    (DeepSeek-V2 paper §2.1.2-2.1.3, eqs. 9-19)."""
+    h, a = model.hidden_size, model.num_heads
+    r_kv, rope, nope, v = model.kv_lora_rank or 0, model.qk_rope_head_dim, model.qk_nope_head_dim, model.v_head_dim
+    if model.q_lora_rank is None:
+        query = h * a * (nope + rope)
+    else:
+        query = h * model.q_lora_rank + model.q_lora_rank * a * (nope + rope)
+    weights = query + h * (r_kv + rope) + r_kv * a * (nope + v) + a * v * h
+    return 2 * tokens * weights
+
+
 def attention_core_flops(model: ModelSpec, batch: float, seq_len: int) -> float:
-    """QKᵀ and scores·V: 2·B·s²·(a·d) each -> 4·B·s²·h for MHA (seed 004 §1.2.1 ②), full s²."""
-    return 2 * 2 * batch * seq_len * seq_len * model.num_heads * model.head_size
+    """QKᵀ and scores·V: 2·B·s²·(a·d) each -> 4·B·s²·h for MHA (seed 004 §1.2.1 ②), full s².
+    MLA: QKᵀ over a·(nope + rope), scores·V over a·v: 2·B·s²·a·(nope + rope + v)."""
+    if model.is_mla:
+        width = model.num_heads * (model.qk_nope_head_dim + model.qk_rope_head_dim + model.v_head_dim)
+    else:
+        width = 2 * model.num_heads * model.head_size
+    return 2 * batch * seq_len * seq_len * width
 
 
 def mlp_flops(model: ModelSpec, tokens: float, width: int) -> float:
@@ -40,18 +62,40 @@ def mlp_flops(model: ModelSpec, tokens: float, width: int) -> float:
 
 
 def moe_flops(model: ModelSpec, tokens: float) -> float:
-    """MoE layer: router 2·tokens·h·E + top-k routed experts + shared experts per token."""
-    router = 2 * tokens * model.hidden_size * model.num_experts
+    """MoE layer: router 2·tokens·h·E + top-k routed experts + shared experts per token
+    (+ Qwen2-MoE's shared-expert gate 2·tokens·h)."""
+    gate = 2 * tokens * model.hidden_size if model.shared_expert_gate else 0
+    router = 2 * tokens * model.hidden_size * model.num_experts + gate
     experts = (model.experts_per_token + model.num_shared_experts) * mlp_flops(
         model, tokens, model.expert_ffn_size)
     return router + experts
 
 
-def layer_forward_flops(model: ModelSpec, batch: float, seq_len: int) -> float:
-    """One block forward on `batch` sequences: GPT 24·B·s·h² + 4·B·s²·h (seed 004 §1.2.3)."""
+def layer_forward_flops(model: ModelSpec, batch: float, seq_len: int,
+                        moe: bool | None = None) -> float:
+    """One block forward on `batch` sequences: GPT 24·B·s·h² + 4·B·s²·h (seed 004 §1.2.3).
+    `moe` picks the MoE or the dense block; None: MoE when the model has experts."""
     tokens = batch * seq_len
-    mlp = moe_flops(model, tokens) if model.is_moe else mlp_flops(model, tokens, model.ffn_hidden_size)
+    moe = model.is_moe if moe is None else moe
+    mlp = moe_flops(model, tokens) if moe else mlp_flops(model, tokens, model.ffn_hidden_size)
     return attention_linear_flops(model, tokens) + attention_core_flops(model, batch, seq_len) + mlp
+
+
+def blocks_forward_flops(model: ModelSpec, batch: float, seq_len: int) -> float:
+    """Every block forward: MoE blocks and dense blocks (first_dense_layers, moe_layer_step)."""
+    num_moe = model.num_moe_layers
+    dense = (model.num_layers - num_moe) * layer_forward_flops(model, batch, seq_len, moe=False)
+    return dense + (num_moe * layer_forward_flops(model, batch, seq_len, moe=True) if num_moe else 0)
+
+
+def mtp_forward_flops(model: ModelSpec, batch: float, seq_len: int) -> float:
+    """DeepSeek-V3 multi-token prediction, per module: the 2h -> h projection 4·B·s·h², one MoE
+    block and its logits 2·B·s·h·V (report §2.2; the depth-k module sees the same s tokens)."""
+    if not model.mtp_modules:
+        return 0.0
+    projection = 2 * batch * seq_len * 2 * model.hidden_size * model.hidden_size
+    block = layer_forward_flops(model, batch, seq_len, moe=True)
+    return model.mtp_modules * (projection + block + logits_flops(model, batch, seq_len))
 
 
 def logits_flops(model: ModelSpec, batch: float, seq_len: int) -> float:
@@ -60,9 +104,10 @@ def logits_flops(model: ModelSpec, batch: float, seq_len: int) -> float:
 
 
 def forward_flops(model: ModelSpec, batch: float, seq_len: int) -> float:
-    """Whole model forward: L·(24·B·s·h² + 4·B·s²·h) + 2·B·s·h·V (seed 004 §1.3)."""
-    return model.num_layers * layer_forward_flops(model, batch, seq_len) + logits_flops(
-        model, batch, seq_len)
+    """Whole model forward: L·(24·B·s·h² + 4·B·s²·h) + 2·B·s·h·V (seed 004 §1.3), plus the
+    multi-token-prediction modules a DeepSeek-V3 run trains with."""
+    return (blocks_forward_flops(model, batch, seq_len) + logits_flops(model, batch, seq_len)
+            + mtp_forward_flops(model, batch, seq_len))
 
 
 def recompute_flops(model: ModelSpec, layout: Layout, batch: float, seq_len: int) -> float:
@@ -75,7 +120,7 @@ def recompute_flops(model: ModelSpec, layout: Layout, batch: float, seq_len: int
     """
     layers = model.num_layers
     if layout.recompute in ("full", "every_k"):
-        extra = layers * layer_forward_flops(model, batch, seq_len)
+        extra = blocks_forward_flops(model, batch, seq_len)
     elif layout.recompute == "selective":
         extra = layers * attention_core_flops(model, batch, seq_len)
     else:

@@ -4,12 +4,22 @@ Counting rules (EQUATIONS.md §1; seed 000 §3 eq.1, 004 §2.1), one block of a 
 attention Q h x (a*d), K and V h x (kv*d) each, O (a*d) x h (d = head size); MLP gelu h x f + f x h,
 swiglu gate, up h x f and down f x h; biases when the spec says so; two norms (LayerNorm weight and
 bias 2h, RMSNorm weight h). Mixture-of-experts: router h x E (no bias) + E routed experts + shared.
+Multi-head latent attention (DeepSeek-V2/V3, transformers models/deepseek_v3/modeling_deepseek_v3.py
+DeepseekV3Attention): q_a h x r_q, RMSNorm r_q, q_b r_q x a(nope + rope); kv_a h x (r_kv + rope),
+RMSNorm r_kv, kv_b r_kv x a(nope + v); o a*v x h. Models mixing dense and MoE blocks
+(first_dense_replace, moe_layer_step) are summed block by block.
 
 Tensor/pipeline split (Megatron-LM, megatron/core/tensor_parallel/layers.py and
 megatron/core/models/common/language_module/language_module.py, see docs/params.md):
 column-parallel linears (QKV, fc1 / gate+up) split weights and biases by tp; row-parallel
 linears (attention out, fc2 / down) split weights, keep biases whole; norms replicated; word
 embedding and lm_head vocab-parallel; position and token-type embeddings replicated.
+tp wider than the kv heads (tp % kv_heads == 0): Megatron still splits the fused QKV weight
+evenly and all-gathers its output so each rank computes with one (replicated) kv head
+(megatron/core/transformer/attention.py at d98e8a6, `num_query_groups < world_size`).
+MLA: the down-projections q_a / kv_a are replicated (TELinear parallel_mode "duplicated"),
+the up-projections column-parallel, linear_proj row-parallel
+(megatron/core/transformer/multi_latent_attention.py at d98e8a6).
 """
 
 from __future__ import annotations
@@ -40,14 +50,22 @@ class ParamCount(Frozen):
     embedding: int
     """Word + learned position + token-type embeddings + embedding norm."""
     layer: LayerParams
+    """One MoE block for MoE models, else one dense block."""
+    dense_layer: LayerParams
+    """One dense block (equal to `layer` for dense models)."""
+    num_moe_layers: int
+    """Blocks with an MoE MLP (0 for dense models); the rest are dense blocks."""
     layers: int
-    """num_layers x layer.total."""
+    """Every block: num_moe_layers x layer.total + dense blocks x dense_layer.total."""
     final_norm: int
     lm_head: int
     """Untied output projection (+ its bias); 0 when tied and without bias."""
     pooler: int
     total: int
+    """The main model, as transformers builds it (no MTP modules)."""
     active: int
+    mtp: int
+    """DeepSeek-V3 multi-token-prediction modules, counted apart from `total` (0 otherwise)."""
 
 
 class StageParams(Frozen):
@@ -79,16 +97,39 @@ def norm_params(model: ModelSpec) -> int:
 
 
 def attention_params(model: ModelSpec) -> int:
-    """Q, K, V, O of one block; GQA shrinks K and V to kv_heads x head_size columns."""
+    """Q, K, V, O of one block (+ q/k norms); GQA shrinks K and V to kv_heads x head_size
+    columns; MLA is counted by `mla_attention_params`."""
+    if model.is_mla:
+        return mla_attention_params(model)
     h, d = model.hidden_size, model.head_size
     q_width = model.num_heads * d  # a * head_dim
     kv_width = model.kv_heads * d  # kv_heads * head_dim
     qkv_bias = model.linear_bias or model.qkv_bias  # Qwen2-style bias on q, k, v only
+    qk_norms = 2 * d if model.qk_norm else 0  # q_norm, k_norm: RMSNorm(head_dim) each
     return (
         _linear_params(h, q_width, qkv_bias)
         + 2 * _linear_params(h, kv_width, qkv_bias)  # K and V
         + _linear_params(q_width, h, model.linear_bias)  # O
+        + qk_norms
     )
+
+
+def mla_attention_params(model: ModelSpec) -> int:
+    """Multi-head latent attention (DeepseekV3Attention): biases on q_a, kv_a and o when
+    `linear_bias` (config attention_bias); the latent RMSNorms have weights only."""
+    h, a, bias = model.hidden_size, model.num_heads, model.linear_bias
+    r_kv, rope = model.kv_lora_rank or 0, model.qk_rope_head_dim
+    qk_dim = model.qk_nope_head_dim + rope  # query/key width per head
+    if model.q_lora_rank is None:
+        query = _linear_params(h, a * qk_dim, False)  # q_proj
+    else:
+        r_q = model.q_lora_rank
+        query = _linear_params(h, r_q, bias) + r_q + _linear_params(r_q, a * qk_dim, False)
+    kv = (_linear_params(h, r_kv + rope, bias)  # kv_a_proj_with_mqa: latent + shared rope key
+          + r_kv  # kv_a_layernorm
+          + _linear_params(r_kv, a * (model.qk_nope_head_dim + model.v_head_dim), False))  # kv_b
+    out = _linear_params(a * model.v_head_dim, h, bias)  # o_proj
+    return query + kv + out
 
 
 def mlp_params(model: ModelSpec, ffn: int) -> int:
@@ -100,16 +141,27 @@ def mlp_params(model: ModelSpec, ffn: int) -> int:
 
 
 def router_params(model: ModelSpec) -> int:
-    """MoE gate: h x E, no bias (Mixtral `gate`); 0 for dense models."""
-    return model.hidden_size * model.num_experts
+    """MoE gate: h x E, no bias (Mixtral `gate`); 0 for dense models. Qwen2-MoE's shared-expert
+    gate h x 1 is added when the spec has one. DeepSeek-V3's e_score_correction_bias is a
+    buffer, not a parameter (DeepseekV3TopkRouter)."""
+    gate = model.hidden_size if model.shared_expert_gate else 0
+    return model.hidden_size * model.num_experts + gate
 
 
-def layer_params(model: ModelSpec) -> LayerParams:
-    """One block, total and active (MoE active = top-k routed + shared experts)."""
+def block_norms(model: ModelSpec) -> int:
+    """Norms of one block over h: pre-attention and pre-MLP, plus post-attention and post-MLP
+    with sandwich norms (Gemma 3's four)."""
+    return (4 if model.sandwich_norms else 2) * norm_params(model)
+
+
+def layer_params(model: ModelSpec, moe: bool | None = None) -> LayerParams:
+    """One block, total and active (MoE active = top-k routed + shared experts). `moe` picks
+    the MoE or the dense block of a model that has both; None: MoE when the model has experts."""
+    moe = model.is_moe if moe is None else moe
     attention = attention_params(model)
-    norms = 2 * norm_params(model)  # pre-attention and pre-MLP (or post-, BERT) norms
-    router = router_params(model)
-    if model.is_moe:
+    norms = block_norms(model)
+    router = router_params(model) if moe else 0
+    if moe:
         expert = mlp_params(model, model.expert_ffn_size)
         mlp = (model.num_experts + model.num_shared_experts) * expert
         active_mlp = (model.experts_per_token + model.num_shared_experts) * expert
@@ -120,6 +172,14 @@ def layer_params(model: ModelSpec) -> LayerParams:
         attention=attention, mlp=mlp, router=router, norms=norms,
         total=shared + mlp, active=shared + active_mlp,
     )
+
+
+def mtp_module_params(model: ModelSpec) -> int:
+    """One DeepSeek-V3 multi-token-prediction module without the embedding and output head it
+    shares with the main model (report §2.2): eh_proj 2h x h, enorm and hnorm, the MoE block,
+    and the shared head's final norm (checkpoint layer 61: enorm, hnorm, eh_proj, shared_head.norm)."""
+    h = model.hidden_size
+    return 2 * h * h + 3 * norm_params(model) + layer_params(model, moe=True).total
 
 
 def embedding_params(model: ModelSpec) -> int:
@@ -136,16 +196,24 @@ def lm_head_params(model: ModelSpec) -> int:
 def count_params(model: ModelSpec) -> ParamCount:
     """Exact count of what the spec describes (EQUATIONS.md §1: count what the config says)."""
     layer = layer_params(model)
+    dense = layer_params(model, moe=False)
+    num_moe = model.num_moe_layers
+    num_dense = model.num_layers - num_moe
     embedding = embedding_params(model)
     final_norm = norm_params(model) if model.final_norm else 0
     lm_head = lm_head_params(model)
     pooler = _linear_params(model.hidden_size, model.hidden_size, True) if model.pooler else 0
     outside = embedding + final_norm + lm_head + pooler  # every token touches these
+    if num_moe:
+        blocks = num_moe * layer.total + num_dense * dense.total
+        active_blocks = num_moe * layer.active + num_dense * dense.active
+    else:
+        blocks, active_blocks = model.num_layers * dense.total, model.num_layers * dense.active
     return ParamCount(
-        embedding=embedding, layer=layer, layers=model.num_layers * layer.total,
-        final_norm=final_norm, lm_head=lm_head, pooler=pooler,
-        total=outside + model.num_layers * layer.total,
-        active=outside + model.num_layers * layer.active,
+        embedding=embedding, layer=layer, dense_layer=dense, num_moe_layers=num_moe,
+        layers=blocks, final_norm=final_norm, lm_head=lm_head, pooler=pooler,
+        total=outside + blocks, active=outside + active_blocks,
+        mtp=model.mtp_modules * mtp_module_params(model),
     )
 
 
@@ -178,42 +246,110 @@ def layers_per_stage(num_layers: int, pp: int) -> list[int]:
     return [base + (1 if stage >= pp - extra else 0) for stage in range(pp)]
 
 
-def check_tp(model: ModelSpec, tp: int) -> None:
-    """Megatron splits heads, kv groups and the MLP width evenly (utils.divide asserts)."""
+def check_tp(model: ModelSpec, tp: int, kv_replication: bool = False) -> None:
+    """Megatron splits heads and the MLP widths evenly (utils.divide asserts). kv heads: tp must
+    divide them; with `kv_replication` tp may also be a multiple of them (transformer_config.py
+    "must be a multiple or divisor"; each rank then computes with one replicated kv head).
+    The default stays strict until the activation and inference models use
+    `kv_heads_per_rank` (they divide kv heads by tp today)."""
     if tp < 1:
         raise PlanInputError("tp", f"tensor-parallel degree must be at least 1 (got {tp})")
-    widths = [("num_heads", model.num_heads), ("num_kv_heads", model.kv_heads)]
-    if model.is_moe:  # every block is an MoE block: only the expert width is split
+    widths = [("num_heads", model.num_heads)]
+    if model.num_moe_layers:
         widths.append(("expert_ffn_hidden_size", model.expert_ffn_size))
-    else:
+    if model.num_moe_layers < model.num_layers:
         widths.append(("ffn_hidden_size", model.ffn_hidden_size))
+    if not model.is_mla:
+        widths.append(("fused QKV width (num_heads + 2 num_kv_heads) x head_dim", _qkv_width(model)))
     for field, value in widths:
         if value % tp:
             raise PlanInputError("tp", f"tp={tp} must divide {field} ({value}) of model {model.name}")
+    kv = model.kv_heads
+    if not model.is_mla and kv % tp and not kv_replication:
+        raise PlanInputError("tp", f"tp={tp} must divide num_kv_heads ({kv}) of model {model.name}")
+    if not model.is_mla and kv % tp and tp % kv:
+        raise PlanInputError(
+            "tp", f"num_kv_heads ({kv}) of model {model.name} must be a multiple or a divisor of "
+                  f"tp={tp} (kv heads are split, or replicated when tp is wider)")
 
 
-def layer_tensors_per_rank(model: ModelSpec, tp: int) -> list[tuple[str, int]]:
+def kv_heads_per_rank(model: ModelSpec, tp: int) -> int:
+    """Key/value heads each tp rank computes with: kv / tp, or 1 (replicated tp / kv times)
+    when tp is wider than the kv heads (Megatron attention.py `num_query_groups_per_partition`,
+    vLLM QKVParallelLinear `num_kv_head_replicas`). MLA: every rank's heads have their own
+    key/value, a / tp."""
+    check_tp(model, tp, kv_replication=True)
+    if model.is_mla:
+        return model.num_heads // tp
+    return max(1, model.kv_heads // tp)
+
+
+def _qkv_width(model: ModelSpec) -> int:
+    """Outputs of the fused Q, K, V projection (standard attention)."""
+    return (model.num_heads + 2 * model.kv_heads) * model.head_size
+
+
+def layer_tensors_per_rank(model: ModelSpec, tp: int, moe: bool | None = None,
+                           kv_replication: bool = False) -> list[tuple[str, int]]:
     """One block's tensors (name, elements) on one tp rank, Megatron layout: fused linear_qkv
     and gate+up are column-parallel (weight and bias split), linear_proj and fc2 row-parallel
-    (weight split, bias replicated), norms and the MoE router replicated, experts split by tp."""
-    check_tp(model, tp)
-    h, d = model.hidden_size, model.head_size
-    qkv_width = (model.num_heads + 2 * model.kv_heads) * d  # fused Q, K, V outputs
-    tensors = [("linear_qkv.weight", h * qkv_width // tp)]
-    if model.linear_bias or model.qkv_bias:
-        tensors.append(("linear_qkv.bias", qkv_width // tp))
-    tensors.append(("linear_proj.weight", model.num_heads * d * h // tp))
-    if model.linear_bias:
-        tensors.append(("linear_proj.bias", h))  # row-parallel bias: whole on every rank
+    (weight split, bias replicated), norms and the MoE router replicated, experts split by tp.
+    `moe` picks the MoE or the dense block (None: MoE when the model has experts);
+    `kv_replication` allows tp wider than the kv heads (check_tp)."""
+    check_tp(model, tp, kv_replication)
+    moe = model.is_moe if moe is None else moe
+    h = model.hidden_size
+    tensors = _mla_tensors(model, tp) if model.is_mla else _attention_tensors(model, tp)
     norm_tensors = [("weight", h), ("bias", h)] if model.norm == "layernorm" else [("weight", h)]
-    for norm in ("input_norm", "pre_mlp_norm"):
+    norms = ("input_norm", "pre_mlp_norm")
+    if model.sandwich_norms:
+        norms += ("post_attention_norm", "post_mlp_norm")
+    for norm in norms:
         tensors += [(f"{norm}.{part}", n) for part, n in norm_tensors]
-    if model.is_moe:
-        tensors.append(("router.weight", router_params(model)))
+    if moe:
+        tensors.append(("router.weight", h * model.num_experts))
+        if model.shared_expert_gate:
+            tensors.append(("shared_expert_gate.weight", h))
         for e in range(model.num_experts + model.num_shared_experts):
             tensors += _mlp_tensors(model, model.expert_ffn_size, tp, f"experts.{e}.")
     else:
         tensors += _mlp_tensors(model, model.ffn_hidden_size, tp, "mlp.")
+    return tensors
+
+
+def _attention_tensors(model: ModelSpec, tp: int) -> list[tuple[str, int]]:
+    """Standard attention on one tp rank: the fused QKV weight split evenly (also when tp is
+    wider than the kv heads), q/k norms over head_dim replicated."""
+    h, d = model.hidden_size, model.head_size
+    qkv_width = _qkv_width(model)
+    tensors = [("linear_qkv.weight", h * qkv_width // tp)]
+    if model.linear_bias or model.qkv_bias:
+        tensors.append(("linear_qkv.bias", qkv_width // tp))
+    if model.qk_norm:
+        tensors += [("q_layernorm.weight", d), ("k_layernorm.weight", d)]
+    tensors.append(("linear_proj.weight", model.num_heads * d * h // tp))
+    if model.linear_bias:
+        tensors.append(("linear_proj.bias", h))  # row-parallel bias: whole on every rank
+    return tensors
+
+
+def _mla_tensors(model: ModelSpec, tp: int) -> list[tuple[str, int]]:
+    """MLA on one tp rank (Megatron MLASelfAttention): down-projections and latent norms
+    replicated, up-projections column-parallel, linear_proj row-parallel."""
+    h, a, bias = model.hidden_size, model.num_heads, model.linear_bias
+    r_kv, rope, nope, v = model.kv_lora_rank or 0, model.qk_rope_head_dim, model.qk_nope_head_dim, model.v_head_dim
+    if model.q_lora_rank is None:
+        tensors = [("linear_q_proj.weight", h * a * (nope + rope) // tp)]
+    else:
+        r_q = model.q_lora_rank
+        tensors = [("linear_q_down_proj.weight", h * r_q)]
+        tensors += [("linear_q_down_proj.bias", r_q)] if bias else []
+        tensors += [("q_layernorm.weight", r_q), ("linear_q_up_proj.weight", r_q * a * (nope + rope) // tp)]
+    tensors.append(("linear_kv_down_proj.weight", h * (r_kv + rope)))
+    tensors += [("linear_kv_down_proj.bias", r_kv + rope)] if bias else []
+    tensors += [("kv_layernorm.weight", r_kv), ("linear_kv_up_proj.weight", r_kv * a * (nope + v) // tp),
+                ("linear_proj.weight", a * v * h // tp)]
+    tensors += [("linear_proj.bias", h)] if bias else []
     return tensors
 
 
@@ -230,9 +366,10 @@ def _mlp_tensors(model: ModelSpec, ffn: int, tp: int, prefix: str) -> list[tuple
     return tensors
 
 
-def layer_params_per_rank(model: ModelSpec, tp: int) -> int:
-    """One block's parameters on one tp rank."""
-    return sum(n for _, n in layer_tensors_per_rank(model, tp))
+def layer_params_per_rank(model: ModelSpec, tp: int, moe: bool | None = None,
+                          kv_replication: bool = False) -> int:
+    """One block's parameters on one tp rank (`moe`, `kv_replication` as in layer_tensors_per_rank)."""
+    return sum(n for _, n in layer_tensors_per_rank(model, tp, moe, kv_replication))
 
 
 def vocab_rows_per_rank(model: ModelSpec, tp: int) -> int:
@@ -268,14 +405,21 @@ def _last_stage_has_output_matrix(model: ModelSpec, pp: int) -> bool:
     return model.arch == "decoder" and pp > 1
 
 
-def stage_params(model: ModelSpec, tp: int, pp: int) -> list[StageParams]:
-    """Parameters held by one GPU (largest tp rank) of each pipeline stage."""
-    per_layer = layer_params_per_rank(model, tp)
-    stages = []
+def block_kinds(model: ModelSpec) -> set[bool]:
+    """Which blocks the model has: True for MoE blocks, False for dense ones."""
+    return {model.layer_is_moe(i) for i in range(model.num_layers)}
+
+
+def stage_params(model: ModelSpec, tp: int, pp: int, kv_replication: bool = False) -> list[StageParams]:
+    """Parameters held by one GPU (largest tp rank) of each pipeline stage; MoE and dense
+    blocks counted where they sit (first_dense_layers, moe_layer_step)."""
+    per_layer = {moe: layer_params_per_rank(model, tp, moe, kv_replication) for moe in block_kinds(model)}
+    stages, first = [], 0
     for stage, n_layers in enumerate(layers_per_stage(model.num_layers, pp)):
         embedding = first_stage_extra_params(model, tp) if stage == 0 else 0
         head = last_stage_extra_params(model, tp, pp) if stage == pp - 1 else 0
-        layers = n_layers * per_layer
+        layers = sum(per_layer[model.layer_is_moe(i)] for i in range(first, first + n_layers))
+        first += n_layers
         stages.append(StageParams(
             stage=stage, num_layers=n_layers, layer_params=layers,
             embedding_params=embedding, head_params=head, total=layers + embedding + head,
@@ -283,10 +427,12 @@ def stage_params(model: ModelSpec, tp: int, pp: int) -> list[StageParams]:
     return stages
 
 
-def largest_param_numel(model: ModelSpec, tp: int, stage: int, pp: int) -> int:
+def largest_param_numel(model: ModelSpec, tp: int, stage: int, pp: int,
+                        kv_replication: bool = False) -> int:
     """Elements of the largest single tensor one tp rank holds on a stage (Megatron layout),
     the size of a whole-parameter gather or staging buffer."""
-    candidates = [n for _, n in layer_tensors_per_rank(model, tp)]
+    candidates = [n for moe in block_kinds(model)
+                  for _, n in layer_tensors_per_rank(model, tp, moe, kv_replication)]
     vocab_matrix = vocab_rows_per_rank(model, tp) * model.hidden_size
     if stage == 0:
         candidates.append(vocab_matrix)

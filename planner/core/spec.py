@@ -45,7 +45,9 @@ class Frozen(BaseModel):
 
 
 class ModelSpec(Frozen):
-    """What is trained: a decoder (GPT, Llama, Mistral, Mixtral) or an encoder (BERT)."""
+    """What is trained: a decoder (GPT, Llama, Mistral, Mixtral, Qwen3, DeepSeek-V3, Llama 4,
+    Gemma 3) or an encoder (BERT). Fields after `sliding_window` describe issue 13's models; their
+    defaults leave every earlier model's counts unchanged."""
 
     name: str
     """Short identifier, e.g. `gpt3-175b`."""
@@ -100,7 +102,55 @@ class ModelSpec(Frozen):
     num_shared_experts: int = Field(default=0, ge=0)
     """Mixture-of-experts: always-active shared experts (DeepSeek / Qwen-MoE style)."""
     sliding_window: int | None = Field(default=None, gt=0)
-    """Attention window in tokens (Mistral); None means full causal attention."""
+    """Attention window in tokens on EVERY layer (Mistral); None means full causal attention.
+    Models mixing local and global layers use `local_window` instead."""
+    first_dense_layers: int = Field(default=0, ge=0)
+    """MoE: the first k blocks keep a dense MLP of `ffn_hidden_size` (DeepSeek
+    `first_k_dense_replace`: DeepSeek-V3 3). 0 keeps every block an MoE block."""
+    moe_layer_step: int = Field(default=1, gt=0)
+    """MoE: block i (0-based) is an MoE block when i >= first_dense_layers and
+    (i + 1) % moe_layer_step == 0; the others are dense (Llama 4 `interleave_moe_layer_step`,
+    Qwen2-MoE `decoder_sparse_step`; Maverick 2: blocks 1, 3, 5, ... are MoE)."""
+    shared_expert_gate: bool = False
+    """MoE: a sigmoid gate h x 1 (no bias) scales the shared experts' output (Qwen2-MoE)."""
+    mtp_modules: int = Field(default=0, ge=0)
+    """DeepSeek-V3 multi-token prediction modules (`num_nextn_predict_layers`), counted apart
+    from the main model: each is one MoE block + a 2h x h projection + three RMSNorms; it
+    shares the embedding and output head (DeepSeek-V3 report §2.2). transformers does not
+    build them; 0 for every other model."""
+    q_lora_rank: int | None = Field(default=None, gt=0)
+    """Multi-head latent attention: rank of the query down-projection (q_a_proj h x r_q, an
+    RMSNorm over r_q, q_b_proj r_q x a*(nope + rope)); None: one query projection
+    h x a*(nope + rope) (DeepSeek-V2-Lite). Only with `kv_lora_rank`."""
+    kv_lora_rank: int | None = Field(default=None, gt=0)
+    """Multi-head latent attention (DeepSeek-V2/V3): width of the compressed key/value latent
+    (kv_a_proj_with_mqa h x (r_kv + rope), an RMSNorm over r_kv, kv_b_proj
+    r_kv x a*(nope + v)). None means standard (MHA/GQA) attention."""
+    qk_nope_head_dim: int = Field(default=0, ge=0)
+    """MLA: per-head query/key width without rotary embedding (DeepSeek-V3 128)."""
+    qk_rope_head_dim: int = Field(default=0, ge=0)
+    """MLA: per-head query width with rotary embedding; the key's rope part (this width) is
+    shared by all heads (DeepSeek-V3 64)."""
+    v_head_dim: int = Field(default=0, ge=0)
+    """MLA: per-head value width (DeepSeek-V3 128)."""
+    qk_norm: bool = False
+    """An RMSNorm over head_dim on the queries and one on the keys (weights 2 x head_dim per
+    block; Qwen3, Gemma 3). Llama 4's weightless L2 norm is not this."""
+    sandwich_norms: bool = False
+    """Two more norms per block, after attention and after the MLP (Gemma 2/3: four norms)."""
+    gate_activation: Literal["silu", "gelu_tanh"] = "silu"
+    """Activation of the gated MLP's gate (`mlp: swiglu` means gated, three matrices): SiLU
+    (Llama) or tanh-approximated GELU (Gemma's GeGLU). Same parameters and matmul FLOPs."""
+    local_window: int | None = Field(default=None, gt=0)
+    """Interleaved local/global attention: tokens a local layer attends to (Gemma 3
+    `sliding_window` 1024; Llama 4 `attention_chunk_size` 8192). None: every layer global."""
+    local_attention: Literal["sliding", "chunked"] = "sliding"
+    """Local layers' kind: a sliding window of the last `local_window` tokens (Gemma 3), or
+    attention within fixed chunks of `local_window` tokens (Llama 4 chunked attention)."""
+    global_layer_step: int = Field(default=1, gt=0)
+    """With `local_window`: block i (0-based) is global (full causal attention) when
+    (i + 1) % global_layer_step == 0, local otherwise (Gemma 3 `sliding_window_pattern` 6,
+    Llama 4 `no_rope_layer_interval` 4)."""
     published_params: int | None = Field(default=None, gt=0)
     """The official total parameter count, when the model's authors give an exact one."""
     source: str = ""
@@ -125,6 +175,25 @@ class ModelSpec(Frozen):
     def is_moe(self) -> bool:
         return self.num_experts > 0
 
+    @property
+    def is_mla(self) -> bool:
+        """Multi-head latent attention (DeepSeek-V2/V3)."""
+        return self.kv_lora_rank is not None
+
+    def layer_is_moe(self, layer: int) -> bool:
+        """Block `layer` (0-based) has an MoE MLP (first_dense_layers, moe_layer_step)."""
+        return (self.is_moe and layer >= self.first_dense_layers
+                and (layer + 1) % self.moe_layer_step == 0)
+
+    @property
+    def num_moe_layers(self) -> int:
+        """Blocks with an MoE MLP; the other num_layers - num_moe_layers are dense."""
+        return sum(self.layer_is_moe(i) for i in range(self.num_layers))
+
+    def layer_is_local(self, layer: int) -> bool:
+        """Block `layer` (0-based) attends only within `local_window` (interleaved local/global)."""
+        return self.local_window is not None and (layer + 1) % self.global_layer_step != 0
+
     @model_validator(mode="after")
     def _check(self) -> ModelSpec:
         if self.head_dim is None and self.hidden_size % self.num_heads:
@@ -145,7 +214,52 @@ class ModelSpec(Frozen):
             raise ValueError("experts_per_token / num_shared_experts need num_experts > 0")
         if self.arch == "decoder" and (self.type_vocab_size or self.embedding_norm or self.pooler):
             raise ValueError("type_vocab_size, embedding_norm and pooler are for arch=encoder")
+        _check_moe_placement(self)
+        _check_mla(self)
+        if self.local_window is not None and self.sliding_window is not None:
+            raise ValueError(
+                f"sliding_window ({self.sliding_window}) applies to every layer; with local_window "
+                f"({self.local_window}) give only one of them")
+        if self.local_window is None and (self.global_layer_step != 1 or self.local_attention != "sliding"):
+            raise ValueError("global_layer_step / local_attention need local_window")
+        if self.gate_activation != "silu" and self.mlp != "swiglu":
+            raise ValueError(f"gate_activation={self.gate_activation} needs the gated MLP (mlp: swiglu)")
         return self
+
+
+def _check_moe_placement(model: ModelSpec) -> None:
+    """Dense-layer placement and MTP fields only make sense for MoE models (MTP: V3's block is MoE)."""
+    moe_only = {"first_dense_layers": model.first_dense_layers != 0,
+                "moe_layer_step": model.moe_layer_step != 1,
+                "shared_expert_gate": model.shared_expert_gate,
+                "mtp_modules": model.mtp_modules != 0}
+    given = [name for name, set_ in moe_only.items() if set_]
+    if given and not model.is_moe:
+        raise ValueError(f"{', '.join(given)} need num_experts > 0")
+    if model.is_moe and model.num_moe_layers == 0:
+        raise ValueError(
+            f"first_dense_layers ({model.first_dense_layers}) and moe_layer_step "
+            f"({model.moe_layer_step}) leave no MoE block among num_layers ({model.num_layers})")
+    if model.shared_expert_gate and not model.num_shared_experts:
+        raise ValueError("shared_expert_gate needs num_shared_experts > 0")
+
+
+def _check_mla(model: ModelSpec) -> None:
+    """MLA needs its three head widths; its fields are meaningless without kv_lora_rank."""
+    widths = {"qk_nope_head_dim": model.qk_nope_head_dim, "qk_rope_head_dim": model.qk_rope_head_dim,
+              "v_head_dim": model.v_head_dim}
+    if model.is_mla:
+        missing = [name for name, value in widths.items() if value == 0]
+        if missing:
+            raise ValueError(f"kv_lora_rank (multi-head latent attention) needs {', '.join(missing)} > 0")
+        if model.kv_heads != model.num_heads:
+            raise ValueError(
+                f"multi-head latent attention has one key/value per query head: num_kv_heads "
+                f"({model.kv_heads}) must equal num_heads ({model.num_heads})")
+        if model.qkv_bias:
+            raise ValueError("qkv_bias is not defined for multi-head latent attention")
+    elif model.q_lora_rank is not None or any(widths.values()):
+        raise ValueError("q_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim need kv_lora_rank")
 
 
 # --------------------------------------------------------------------------- hardware

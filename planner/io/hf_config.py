@@ -5,8 +5,8 @@ classes (`configuration_<model>.py`) where a key is absent: `num_key_value_heads
 `head_dim` -> hidden / heads, `n_inner: null` -> 4h, and `tie_word_embeddings` per class
 (PretrainedConfig's default True for GPT-2, OPT, BERT; False for GPT-NeoX, Llama, Mistral,
 Qwen2, Mixtral, Qwen2-MoE). What `ModelSpec` cannot express exactly raises `PlanInputError`
-naming the key; the one named approximation (Qwen2-MoE's shared-expert gate) is written into
-the spec's `source` and documented in docs/io.md.
+naming the key. Multimodal configs (Llama 4, Gemma 3) are read from their `text_config`: the
+planner models the text decoder (`*ForCausalLM`), not the vision tower.
 """
 
 from __future__ import annotations
@@ -229,21 +229,24 @@ def _mixtral(config: Config) -> Config:
     return fields
 
 
+def _no_dense_list(config: Config) -> None:
+    """Qwen-MoE `mlp_only_layers` (an explicit list of dense blocks) has no spec field."""
+    if config.get("mlp_only_layers"):
+        raise PlanInputError(
+            "mlp_only_layers",
+            f"{config['mlp_only_layers']!r} is not representable (dense blocks are placed by "
+            "decoder_sparse_step only); allowed: an empty list")
+
+
 def _qwen2_moe(config: Config) -> Config:
-    """Qwen2MoeConfig: routed experts of moe_intermediate_size plus one shared expert.
+    """Qwen2MoeConfig: routed experts of moe_intermediate_size plus one shared expert with a
+    sigmoid gate h x 1 (Qwen2MoeSparseMoeBlock.shared_expert_gate); block i is MoE when
+    (i + 1) % decoder_sparse_step == 0, dense of intermediate_size otherwise.
 
     The shared expert of width S counts as S / moe_intermediate_size shared experts (same
-    3·h·S parameters). Its sigmoid gate `shared_expert_gate` (h x 1 per layer) has no spec
-    field: it is left out and named in the spec's source (an approximation of h per layer).
+    3·h·S parameters and FLOPs).
     """
-    layers = _int(config, "num_hidden_layers")
-    sparse_step = _int(config, "decoder_sparse_step", 1)
-    if sparse_step != 1 or config.get("mlp_only_layers"):
-        raise PlanInputError(
-            "decoder_sparse_step",
-            f"decoder_sparse_step={sparse_step}, mlp_only_layers={config.get('mlp_only_layers')}: "
-            "dense and MoE layers mixed are not representable (needs a spec field for dense layers)",
-        )
+    _no_dense_list(config)
     fields = _qwen2(config)
     expert = _int(config, "moe_intermediate_size")
     shared = _int(config, "shared_expert_intermediate_size", 0)
@@ -257,42 +260,146 @@ def _qwen2_moe(config: Config) -> Config:
         experts_per_token=_int(config, "num_experts_per_tok"),
         expert_ffn_hidden_size=expert,
         num_shared_experts=shared // expert,
+        shared_expert_gate=shared > 0,
+        moe_layer_step=_int(config, "decoder_sparse_step", 1),
     )
-    if shared:
-        fields["_note"] = (
-            f"approximation: shared_expert_gate ({fields['hidden_size']} x 1 per layer, "
-            f"{layers * fields['hidden_size']:,} parameters in all) is not counted"
-        )
     return fields
 
 
-def _deepseek(config: Config) -> Config:
-    """DeepSeek-MoE style keys (model_type deepseek): n_routed_experts, n_shared_experts,
-    moe_intermediate_size, first_k_dense_replace, moe_layer_freq. MHA attention."""
-    if _int(config, "first_k_dense_replace", 0) or _int(config, "moe_layer_freq", 1) != 1:
-        raise PlanInputError(
-            "first_k_dense_replace",
-            f"first_k_dense_replace={config.get('first_k_dense_replace')}, moe_layer_freq="
-            f"{config.get('moe_layer_freq', 1)}: dense layers before/between MoE layers are not "
-            "representable (needs a spec field for the number of dense layers)",
-        )
-    fields = _llama(config)
+def _qwen3(config: Config) -> Config:
+    """Qwen3Config: the Llama block plus q_norm / k_norm (RMSNorm over head_dim, Qwen3Attention);
+    attention_bias (default False) on q, k, v and o only."""
+    fields = _llama_like(config)
+    fields["qk_norm"] = True
+    if config.get("attention_bias"):
+        raise PlanInputError("attention_bias", "True is not representable for Qwen3 (bias on o_proj "
+                                               "without MLP biases)")
+    if config.get("use_sliding_window"):
+        fields["sliding_window"] = config.get("sliding_window")
+    return fields
+
+
+def _qwen3_moe(config: Config) -> Config:
+    """Qwen3MoeConfig: Qwen3 attention, routed experts only (no shared expert), router h x E;
+    block i is MoE when (i + 1) % decoder_sparse_step == 0 (Qwen3MoeDecoderLayer)."""
+    _no_dense_list(config)
+    fields = _qwen3(config)
     fields.update(
-        num_experts=_int(config, "n_routed_experts"),
+        num_experts=_int(config, "num_experts"),
         experts_per_token=_int(config, "num_experts_per_tok"),
         expert_ffn_hidden_size=_int(config, "moe_intermediate_size"),
-        num_shared_experts=_int(config, "n_shared_experts", 0),
+        moe_layer_step=_int(config, "decoder_sparse_step", 1),
     )
+    return fields
+
+
+def _deepseek_moe_fields(config: Config) -> Config:
+    """DeepSeek MoE keys: n_routed_experts, n_shared_experts, moe_intermediate_size, the first
+    first_k_dense_replace blocks dense. moe_layer_freq != 1 is refused: transformers' DeepSeek-V2/V3
+    ignore it (every block from first_k_dense_replace on is MoE) while the original code does not."""
+    if _int(config, "moe_layer_freq", 1) != 1:
+        raise PlanInputError(
+            "moe_layer_freq",
+            f"{config['moe_layer_freq']} is not representable; allowed: 1 (every block after "
+            "first_k_dense_replace is MoE)")
+    return {
+        "num_experts": _int(config, "n_routed_experts"),
+        "experts_per_token": _int(config, "num_experts_per_tok"),
+        "expert_ffn_hidden_size": _int(config, "moe_intermediate_size"),
+        "num_shared_experts": _int(config, "n_shared_experts", 0),
+        "first_dense_layers": _int(config, "first_k_dense_replace", 0),
+    }
+
+
+def _deepseek(config: Config) -> Config:
+    """DeepSeek-MoE (model_type deepseek): MHA attention, MoE after first_k_dense_replace."""
+    fields = _llama(config)
+    fields.update(_deepseek_moe_fields(config))
     return fields
 
 
 def _deepseek_mla(config: Config) -> Config:
-    """DeepSeek-V2/V3 use multi-head latent attention (kv_lora_rank): no spec field for it."""
-    raise PlanInputError(
-        "model_type",
-        f"{config.get('model_type')} uses multi-head latent attention (kv_lora_rank="
-        f"{config.get('kv_lora_rank')}), which the model spec cannot represent",
+    """DeepSeek-V2/V3 (DeepseekV3Attention): multi-head latent attention, MoE blocks after
+    first_k_dense_replace; V3's num_nextn_predict_layers multi-token-prediction modules are
+    counted apart (transformers does not build them)."""
+    mla_keys = ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
+    missing = [key for key in mla_keys if config.get(key) is None]
+    if missing:
+        raise PlanInputError(missing[0], f"missing in config.json: multi-head latent attention "
+                                         f"needs {', '.join(mla_keys)}")
+    fields = _llama_like(config)
+    fields["linear_bias"] = bool(config.get("attention_bias"))  # q_a, kv_a, o only
+    if fields["linear_bias"]:
+        raise PlanInputError("attention_bias", "True is not representable (bias on q_a, kv_a and "
+                                               "o without MLP biases)")
+    del fields["head_dim"]  # MLA widths are given per part below
+    fields.update(
+        num_kv_heads=None,
+        q_lora_rank=config.get("q_lora_rank"),
+        **{key: _int(config, key) for key in mla_keys},
+        **_deepseek_moe_fields(config),
+        mtp_modules=_int(config, "num_nextn_predict_layers", 0),
     )
+    return fields
+
+
+def _text_config(config: Config) -> Config:
+    """A multimodal config's language model part (`text_config`), or the config itself."""
+    text = config.get("text_config")
+    return text if isinstance(text, dict) else config
+
+
+def _llama4(config: Config) -> Config:
+    """Llama4TextConfig: MoE blocks of num_local_experts experts (intermediate_size) + one shared
+    expert, dense blocks of intermediate_size_mlp, block i MoE when (i + 1) %
+    interleave_moe_layer_step == 0; chunked attention (attention_chunk_size) on the rope layers,
+    every no_rope_layer_interval-th block global (Llama4TextConfig defaults). Its q/k L2 norm has
+    no weights."""
+    config = _text_config(config)
+    for key in ("moe_layers", "no_rope_layers", "layer_types"):
+        if config.get(key):
+            raise PlanInputError(key, "explicit per-layer lists are not representable; allowed: "
+                                      "interleave_moe_layer_step / no_rope_layer_interval")
+    fields = _llama(config)
+    chunk = config.get("attention_chunk_size", 8192)
+    fields.update(
+        ffn_hidden_size=_int(config, "intermediate_size_mlp", 16384),
+        expert_ffn_hidden_size=_int(config, "intermediate_size"),
+        num_experts=_int(config, "num_local_experts"),
+        experts_per_token=_int(config, "num_experts_per_tok"),
+        num_shared_experts=1,
+        moe_layer_step=_int(config, "interleave_moe_layer_step", 1),
+        local_window=chunk,
+        local_attention="chunked",
+        global_layer_step=_int(config, "no_rope_layer_interval", 4),
+    )
+    if chunk is None:
+        fields.update(local_attention="sliding", global_layer_step=1)
+    return fields
+
+
+def _gemma3(config: Config) -> Config:
+    """Gemma3TextConfig (or Gemma3Config's text_config): GeGLU MLP (gelu_pytorch_tanh gate),
+    q/k norms, four norms per block, tied embeddings, vocab 262208 by default; block i global
+    when (i + 1) % sliding_window_pattern == 0, the others a sliding window."""
+    config = _text_config(config)
+    if config.get("layer_types"):
+        raise PlanInputError("layer_types", "explicit per-layer lists are not representable; "
+                                            "allowed: sliding_window_pattern")
+    defaults = {  # Gemma3TextConfig class defaults (transformers 5.23 configuration_gemma3.py)
+        "vocab_size": 262_208, "hidden_size": 2304, "intermediate_size": 9216,
+        "num_hidden_layers": 26, "num_attention_heads": 8, "num_key_value_heads": 4,
+        "head_dim": 256, "max_position_embeddings": 131_072, "tie_word_embeddings": True}
+    config = {**defaults, **{k: v for k, v in config.items() if v is not None}}
+    fields = _llama_like(config, tie_default=True)
+    if bool(config.get("attention_bias")):
+        raise PlanInputError("attention_bias", "True is not representable for Gemma 3")
+    fields.update(
+        qk_norm=True, sandwich_norms=True, gate_activation="gelu_tanh",
+        local_window=_int(config, "sliding_window", 4096),
+        global_layer_step=_int(config, "sliding_window_pattern", 6),
+    )
+    return fields
 
 
 def _bert(config: Config) -> Config:
@@ -323,5 +430,11 @@ _FAMILIES: dict[str, Callable[[Config], Config]] = {
     "deepseek": _deepseek,
     "deepseek_v2": _deepseek_mla,
     "deepseek_v3": _deepseek_mla,
+    "qwen3": _qwen3,
+    "qwen3_moe": _qwen3_moe,
+    "llama4": _llama4,
+    "llama4_text": _llama4,
+    "gemma3": _gemma3,
+    "gemma3_text": _gemma3,
     "bert": _bert,
 }

@@ -15,6 +15,8 @@ MoE layer frequency != 1, `--recompute-method block` recomputing only part of a 
 
 from __future__ import annotations
 
+import ast
+
 import math
 import shlex
 from pathlib import Path
@@ -154,14 +156,37 @@ def _moe_fields(args: Args, ffn: int) -> dict[str, Any]:
     """--num-experts, --moe-router-topk (default 2), --moe-ffn-hidden-size, shared experts."""
     if "--num-experts" not in args:
         return {}
-    if str(args.get("--moe-layer-freq", "1")) != "1":
-        raise PlanInputError("--moe-layer-freq", "dense and MoE layers mixed are not modelled")
     expert = _int(args, "--moe-ffn-hidden-size", ffn)
     shared = _int(args, "--moe-shared-expert-intermediate-size", 0)
     if shared % expert:
         raise PlanInputError("--moe-shared-expert-intermediate-size", f"{shared} is not a multiple of {expert}")
     return {"num_experts": _int(args, "--num-experts"), "experts_per_token": _int(args, "--moe-router-topk", 2),
-            "expert_ffn_hidden_size": expert, "num_shared_experts": shared // expert}
+            "expert_ffn_hidden_size": expert, "num_shared_experts": shared // expert,
+            **_moe_placement(args)}
+
+
+def _moe_placement(args: Args) -> dict[str, int]:
+    """--moe-layer-freq: 1, or a literal list of 0 (dense) / 1 (MoE) per block that the spec's
+    first_dense_layers + moe_layer_step can place ((i + 1) % step == 0 after the dense prefix).
+    An integer N > 1 puts MoE on blocks i % N == 0 (transformer_block.py), which the spec's
+    (i + 1) % step rule cannot place; list expressions other than a plain literal are refused."""
+    value = str(args.get("--moe-layer-freq", "1")).strip()
+    if value == "1":
+        return {}
+    try:
+        pattern = ast.literal_eval(value)
+    except (ValueError, SyntaxError):
+        pattern = None
+    if not (isinstance(pattern, list) and pattern and set(pattern) <= {0, 1} and 1 in pattern):
+        raise PlanInputError("--moe-layer-freq", f"{value}: only 1 or a literal list of 0/1 per layer is read")
+    n = len(pattern)
+    placements = ((first, step) for step in range(1, n + 1) for first in range(n)
+                  if [int(i >= first and (i + 1) % step == 0) for i in range(n)] == pattern)
+    found = next(placements, None)
+    if found is None:
+        raise PlanInputError("--moe-layer-freq", f"{value}: not a dense prefix followed by MoE every n-th layer")
+    first, step = found
+    return {"first_dense_layers": first, "moe_layer_step": step}
 
 
 def model_from_megatron(args: Args, tp: int, name: str = "megatron-model") -> ModelSpec:
@@ -343,6 +368,13 @@ def _check_exportable(model: ModelSpec, layout: Layout, setup: TrainSetup) -> No
         (model.arch != "decoder", "model", "encoder models use pretrain_bert.py, not written here"),
         (model.sliding_window is not None, "sliding_window", "no sliding-window flag is written"),
         (model.lm_head_bias or not model.final_norm, "model", "lm_head bias / no final norm"),
+        (model.is_mla, "kv_lora_rank", "multi-head latent attention flags are not written yet"),
+        (model.mtp_modules > 0, "mtp_modules", "multi-token prediction flags are not written yet"),
+        (model.qk_norm or model.sandwich_norms, "qk_norm",
+         "q/k norms and sandwich norms: no flag is written yet"),
+        (model.gate_activation != "silu", "gate_activation", f"{model.gate_activation}: --swiglu is SiLU"),
+        (model.local_window is not None, "local_window", "no local/global attention flag is written yet"),
+        (model.shared_expert_gate, "shared_expert_gate", "no shared-expert gate flag is written yet"),
         (layout.zero_stage > 1, "zero_stage", f"{layout.zero_stage}: Megatron's distributed optimizer is ZeRO-1"),
         (layout.offload_optimizer != "none" or layout.offload_params != "none", "offload",
          "offload is a DeepSpeed feature here; use --format deepspeed"),
@@ -378,6 +410,9 @@ def _model_flags(model: ModelSpec) -> list[str]:
                   "--moe-ffn-hidden-size", str(model.expert_ffn_size)]
         if model.num_shared_experts:
             flags += ["--moe-shared-expert-intermediate-size", str(model.num_shared_experts * model.expert_ffn_size)]
+        if model.num_moe_layers < model.num_layers:  # 0 dense, 1 MoE per block (arguments.py moe_freq_type)
+            pattern = ",".join("1" if model.layer_is_moe(i) else "0" for i in range(model.num_layers))
+            flags += ["--moe-layer-freq", f"[{pattern}]"]
     return flags
 
 
