@@ -96,6 +96,8 @@ def build_model(config: dict, attention: str = "sdpa", precision: str = "fp32",
         raise PlanInputError("attention", f"{attention!r}; allowed: {', '.join(ATTENTIONS)}")
     if attention == "flash-meta" and device != "meta":
         raise PlanInputError("attention", "flash-meta runs on the meta device only")
+    if device == "meta" and attention == "sdpa":
+        attention = "flash-meta"  # on meta SDPA falls to the math path; CUDA runs the flash kernel
     impl = _register_flash_meta() if attention == "flash-meta" else attention
     cfg = build_config(config, impl, num_layers)
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision, torch.float32)
@@ -115,8 +117,8 @@ def _register_flash_meta() -> str:
             query, key, value, dropout, True, False, scale=scaling)[0]
         return out.transpose(1, 2).contiguous(), None
 
-    AttentionInterface.register("zplan_flash_meta", flash)
-    return "zplan_flash_meta"
+    AttentionInterface.register("zplan_meta_cuda_kernel", flash)
+    return "zplan_meta_cuda_kernel"
 
 
 # --------------------------------------------------------------------------- measuring
@@ -196,7 +198,7 @@ def measure(model: nn.Module, seq_len: int, micro_batch: int, precision: str = "
     counter = FlopCounterMode(display=False)
     try:
         with counter, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), \
-                _precision_context(precision, device):
+                _precision_context(precision, device), _no_packing_check(device):
             loss = model(input_ids=ids, labels=ids).loss
         forward_flops = counter.get_total_flops()
         ops = _saved_by(loss)
@@ -209,7 +211,7 @@ def measure(model: nn.Module, seq_len: int, micro_batch: int, precision: str = "
     result = HFMeasurement(num_layers=_depth(cfg), seq_len=seq_len, micro_batch=micro_batch,
                            parameters=sum(p.numel() for p in model.parameters()),
                            forward_flops=forward_flops,
-                           backward_flops=counter.get_total_flops() - forward_flops if flops else 0)
+                           backward_flops=counter.get_total_flops() if flops else 0)
     shape = _Shape(seq_len, _head_dim(cfg))
     for k, (module, t) in records.items():
         layer, cls = classify(module, ops.get(k, set()), t, shape)
@@ -226,6 +228,16 @@ def _name_probabilities(block: dict[str, int]) -> None:
     if "attn.softmax_probs" in block:
         name = "attn.softmax_dropout_output" if "attn.softmax_dropout_mask" in block else "attn.softmax_cast"
         block[name] = block.pop("attn.softmax_probs")
+
+
+def _no_packing_check(device: str):
+    """On meta, skip transformers' packed-sequence detection (masking_utils.py
+    `find_packed_sequence_indices` reads position-id values, which meta tensors do not have);
+    our position ids are arange(s), never packed, so the answer it would give is None."""
+    if device != "meta":
+        return contextlib.nullcontext()
+    from unittest import mock
+    return mock.patch("transformers.masking_utils.find_packed_sequence_indices", lambda position_ids: None)
 
 
 def _depth(cfg) -> int:
@@ -257,7 +269,7 @@ _LINEARS = {"q_proj": "attn.qkv_input", "k_proj": "attn.qkv_input", "v_proj": "a
             "gate_proj": "mlp.fc1_input", "up_proj": "mlp.fc1_input", "c_fc": "mlp.fc1_input",
             "down_proj": "mlp.fc2_input", "mlp.c_proj": "mlp.fc2_input", "lm_head": "head.input"}
 _OPS = {"logsumexp": "attn.softmax_lse", "query": "attn.q", "key": "attn.k", "value": "attn.v",
-        "output": "attn.proj_input", "philox_seed": "attn.rng_state", "philox_offset": "attn.rng_state",
+        "output": "attn.proj_input", "rng_state": "attn.rng_state", "unused": "attn.rng_state",
         "SoftmaxBackward0.result": "attn.softmax_output", "SafeSoftmaxBackward0.result": "attn.softmax_output",
         "SiluBackward0.self": "mlp.act_input", "GeluBackward0.self": "mlp.act_input",
         "PowBackward0.self@act": "mlp.act_input", "TanhBackward0.result": "mlp.act_tanh",

@@ -29,6 +29,9 @@ from planner.memory import activations
 FP32_BYTES = 4
 INDEX_BYTES = 8
 """int64 token / target ids."""
+FLASH_RNG_STATE_BYTES = 24
+"""CUDA flash kernel: rng_state (2,) uint64 + an unused () uint64 kept for backward
+(torch 2.13 torch/_meta_registrations.py `meta__scaled_dot_product_flash_attention`)."""
 CUDA_MASK_BYTES = 1
 """aten::native_dropout (CUDA) keeps a torch.bool mask."""
 
@@ -142,6 +145,8 @@ def hf_attention_saved_bytes(model: ModelSpec, impl: Implementation, seq_len: in
         kv = model.kv_heads if sdpa_uses_gqa(model, s) else a
         out |= {"attn.q": s * b * a * d * c, "attn.k": s * b * kv * d * c,
                 "attn.v": s * b * kv * d * c, "attn.softmax_lse": a * s * b * FP32_BYTES}
+        if impl.device == "cuda":
+            out["attn.rng_state"] = FLASH_RNG_STATE_BYTES
     else:
         probs = s * s * b * a
         soft = FP32_BYTES if (rotary or _autocast(impl)) else c
@@ -256,7 +261,8 @@ def hf_outside_saved_bytes(model: ModelSpec, impl: Implementation, seq_len: int,
     dtype, kept by the first layer's products and shared by all; the final norm; the head's input
     (a 16-bit cast under autocast, plus the cast head weight); `ForCausalLMLoss`
     (loss/loss_utils.py): `logits.float()`, cross_entropy keeps the fp32 log-softmax (b·s, V),
-    the int64 targets and a 0-dim fp32 total weight.
+    the int64 targets (`nn.functional.pad(labels, (0, 1))[..., 1:]`: the padded storage of
+    s + 1 ids when b = 1, a b·s copy otherwise) and a 0-dim fp32 total weight.
     """
     resid, c = dtype_bytes(impl)
     s, h, tokens = seq_len, model.hidden_size, seq_len * micro_batch
@@ -273,7 +279,8 @@ def hf_outside_saved_bytes(model: ModelSpec, impl: Implementation, seq_len: int,
     if _autocast(impl):
         out["autocast.head_weight_cast"] = model.vocab_size * h * c
     out["loss.log_softmax"] = tokens * model.vocab_size * FP32_BYTES
-    out["loss.targets"] = tokens * INDEX_BYTES
+    # labels padded to s + 1 then `[..., 1:]`: a view (s + 1 ids) when b = 1, a copy when b > 1
+    out["loss.targets"] = tokens * INDEX_BYTES + (micro_batch == 1) * INDEX_BYTES
     out["loss.total_weight"] = FP32_BYTES
     return out
 
