@@ -43,11 +43,16 @@ class HFRow:
         return self.predicted_block_bytes / self.measured_block_bytes - 1
 
 
-def _implementation(attention: str, precision: str, device: str, config: dict) -> impls.Implementation:
-    name = "hf-eager" if attention == "eager" else "hf-sdpa"
-    act = config.get("activation_function", config.get("hidden_act", ""))
-    return impls.Implementation(name=name, precision=precision, device="cpu" if device == "cpu" else "cuda",
-                                composite_gelu=act == "gelu_new")
+def implementation_for(config: dict, attention: str, precision: str, device: str) -> impls.Implementation:
+    """The inventory of a transformers model run with `attention` (eager, sdpa) on `device`
+    (cpu: CPU kernels; meta or cuda: CUDA kernels). Defaults as in the configuration classes:
+    GPT-2 `activation_function="gelu_new"`, `attn_pdrop=0.1`; Llama family `attention_dropout=0`."""
+    gpt2 = config.get("model_type") == "gpt2"
+    act = config.get("activation_function", "gelu_new") if gpt2 else config.get("hidden_act", "silu")
+    p = config.get("attn_pdrop", 0.1) if gpt2 else config.get("attention_dropout", 0.0)
+    return impls.Implementation(name="hf-eager" if attention == "eager" else "hf-sdpa", precision=precision,
+                                device="cpu" if device == "cpu" else "cuda",
+                                composite_gelu=act == "gelu_new", attention_dropout=bool(p))
 
 
 def measure_row(config: dict, attention: str, precision: str, seq_len: int, micro_batch: int,
@@ -58,7 +63,7 @@ def measure_row(config: dict, attention: str, precision: str, seq_len: int, micr
     got = hf_models.measure(model, seq_len, micro_batch, precision)
     n = got.num_layers
     spec = spec.model_copy(update={"num_layers": n})
-    impl = _implementation(attention, precision, device, config)
+    impl = implementation_for(config, attention, precision, device)
     block = impls.block_saved_bytes(spec, impl, seq_len, micro_batch)
     outside = impls.hf_outside_saved_bytes(spec, impl, seq_len, micro_batch)
     measured = got.block(0)

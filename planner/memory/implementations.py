@@ -54,6 +54,12 @@ class Implementation(Frozen):
     saved tensors); False for `gelu` / `gelu_pytorch_tanh` (one aten op, keeps its input)."""
     recompute: Literal["none", "full"] = "none"
     """`full`: HF gradient checkpointing, each block keeps only its input."""
+    attention_dropout: bool | None = None
+    """Dropout on the attention probabilities (GPT-2 `attn_pdrop`, Llama `attention_dropout`);
+    None: the model's `dropout` flag (which also covers residual and embedding dropout)."""
+
+    def attn_dropout(self, model: ModelSpec) -> bool:
+        return model.dropout if self.attention_dropout is None else self.attention_dropout
 
 
 def dtype_bytes(impl: Implementation) -> tuple[int, int]:
@@ -139,7 +145,7 @@ def hf_attention_saved_bytes(model: ModelSpec, impl: Implementation, seq_len: in
     rotary = model.position == "rotary"
     out = _linear_inputs("attn.qkv_input", s * b, model.hidden_size, 3 if rotary else 1, impl)
     if impl.name == "hf-sdpa":
-        if model.dropout and impl.device == "cpu":
+        if impl.attn_dropout(model) and impl.device == "cpu":
             raise PlanInputError("implementation", "hf-sdpa with attention dropout on CPU runs "
                                  "the math backend, which is not modelled; set the dropout to 0")
         kv = model.kv_heads if sdpa_uses_gqa(model, s) else a
@@ -152,9 +158,9 @@ def hf_attention_saved_bytes(model: ModelSpec, impl: Implementation, seq_len: in
         soft = FP32_BYTES if (rotary or _autocast(impl)) else c
         out |= {"attn.q": s * b * a * d * c, "attn.k": s * b * a * d * c,
                 "attn.softmax_output": probs * soft}
-        if soft != c and not model.dropout:  # with dropout the cast feeds dropout, which keeps only its mask
+        if soft != c and not impl.attn_dropout(model):  # with dropout the cast feeds dropout, which keeps only its mask
             out["attn.softmax_cast"] = probs * c
-        if model.dropout:
+        if impl.attn_dropout(model):
             out["attn.softmax_dropout_mask"] = probs * _mask_bytes(impl, c)
             out["attn.softmax_dropout_output"] = probs * c
         out["attn.v"] = s * b * a * d * c
