@@ -198,7 +198,8 @@ def measure(model: nn.Module, seq_len: int, micro_batch: int, precision: str = "
     counter = FlopCounterMode(display=False)
     try:
         with counter, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), \
-                _precision_context(precision, device), _no_packing_check(device):
+                _precision_context(precision, device), _no_packing_check(device), \
+                _cuda_dropout(device):
             loss = model(input_ids=ids, labels=ids).loss
         forward_flops = counter.get_total_flops()
         ops = _saved_by(loss)
@@ -216,7 +217,9 @@ def measure(model: nn.Module, seq_len: int, micro_batch: int, precision: str = "
     for k, (module, t) in records.items():
         layer, cls = classify(module, ops.get(k, set()), t, shape)
         target = result.outside if layer is None else result.by_layer.setdefault(layer, {})
-        target[cls] = target.get(cls, 0) + t.untyped_storage().nbytes()
+        names = cls.split("+")  # one storage kept as several classes of equal size (fused q, k, v)
+        for name in names:
+            target[name] = target.get(name, 0) + t.untyped_storage().nbytes() // len(names)
     for block in result.by_layer.values():
         _name_probabilities(block)
     return result
@@ -228,6 +231,22 @@ def _name_probabilities(block: dict[str, int]) -> None:
     if "attn.softmax_probs" in block:
         name = "attn.softmax_dropout_output" if "attn.softmax_dropout_mask" in block else "attn.softmax_cast"
         block[name] = block.pop("attn.softmax_probs")
+
+
+def _cuda_dropout(device: str):
+    """On meta, run dropout as CUDA does: ATen `dropout` takes the fused `native_dropout` (bool
+    mask) only for CUDA-like devices (Dropout.cpp `is_fused_kernel_acceptable`); meta would take
+    `_dropout_impl`, which keeps a noise tensor of the input dtype, like the CPU."""
+    if device != "meta":
+        return contextlib.nullcontext()
+    from unittest import mock
+
+    def dropout(x, p=0.5, training=True, inplace=False):
+        if not training or p == 0:
+            return x
+        return torch.ops.aten.native_dropout(x, p, True)[0]
+
+    return mock.patch("torch.nn.functional.dropout", dropout)
 
 
 def _no_packing_check(device: str):
@@ -262,6 +281,7 @@ class _Shape:
     head_dim: int
 
 
+_QKV = "attn.q+attn.k+attn.v"
 _NORMS = {"input_layernorm": "norm1", "ln_1": "norm1", "post_attention_layernorm": "norm2",
           "ln_2": "norm2", "model.norm": "final_norm", "transformer.ln_f": "final_norm"}
 _LINEARS = {"q_proj": "attn.qkv_input", "k_proj": "attn.qkv_input", "v_proj": "attn.qkv_input",
@@ -285,7 +305,10 @@ def classify(module: str, ops: set[str], t: torch.Tensor, shape: _Shape) -> tupl
     if any(".mat2" in o for o in ops if o.startswith(("MmBackward0", "AddmmBackward0"))) and t.dim() == 2 \
             and not any("Bmm" in o for o in ops):
         return layer, "autocast.head_weight_cast" if module == "lm_head" else "autocast.weight_casts"
-    for o in ops:
+    fused = {o.split(".")[-1] for o in ops if "ScaledDotProduct" in o}
+    if {"query", "key", "value"} <= fused:  # GPT-2: q, k, v are views of the c_attn output
+        return layer, _QKV
+    for o in sorted(ops):
         if "ScaledDotProduct" in o:
             return layer, _OPS.get(o.split(".")[-1], "attn.other")
     if any(o.startswith("EmbeddingBackward0") for o in ops):
@@ -335,6 +358,8 @@ def _attention_class(ops: set[str], t: torch.Tensor, shape: _Shape) -> str:
         return "attn.softmax_dropout_mask"
     if "NativeDropoutBackward0.result1" in ops:
         return "attn.softmax_dropout_mask"
+    if {"BmmBackward0.self", "BmmBackward0.mat2"} <= ops and last2 != (s, s):
+        return _QKV  # b = 1: the matmuls keep views of the fused c_attn output itself
     if "BmmBackward0.mat2" in ops:
         return "attn.k" if last2 == (d, s) else "attn.v"
     if "BmmBackward0.self" in ops:
