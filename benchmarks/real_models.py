@@ -67,6 +67,10 @@ FULL = {  # published config.json values (Hugging Face model cards named in the 
     "qwen2 (Qwen/Qwen2-7B)": dict(model_type="qwen2", hidden_size=3584, intermediate_size=18944,
                                   num_attention_heads=28, num_key_value_heads=4, num_hidden_layers=28,
                                   vocab_size=152064, max_position_embeddings=131072),
+    "mixtral (mistralai/Mixtral-8x7B-v0.1)": dict(model_type="mixtral", hidden_size=4096, intermediate_size=14336,
+                                                  num_attention_heads=32, num_key_value_heads=8,
+                                                  num_hidden_layers=32, vocab_size=32000, num_local_experts=8,
+                                                  num_experts_per_tok=2, max_position_embeddings=32768),
 }
 SMALL_SEQ, SMALL_BATCH = 128, 2
 FULL_BATCH = 1

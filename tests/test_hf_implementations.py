@@ -157,3 +157,34 @@ def test_numpy_micro_batch_and_bad_input():
     assert err.value.field == "tp"
     with pytest.raises(PlanInputError):
         impls.block_saved_bytes(spec, _impl("megatron", "autocast-bf16"), S, B)
+
+
+# --------------------------------------------------------------------------- Mixtral
+
+
+MIXTRAL = dict(model_type="mixtral", hidden_size=16, intermediate_size=24, num_attention_heads=4,
+               num_key_value_heads=2, num_hidden_layers=2, vocab_size=32, num_local_experts=4,
+               num_experts_per_tok=2, max_position_embeddings=16)
+
+
+def test_mixtral_sdpa_bf16_moe_by_hand():
+    """E = 4 experts, top-2: K = 2·16 = 32 routed copies; grouped_mm experts (the default)."""
+    moe = {
+        "mlp.fc1_input": 16 * 16 * 2,            # router linear input (the norm output)
+        "moe.router_probs": 16 * 4 * 4,          # softmax(logits.float())
+        "moe.topk_indices": 16 * 2 * 8,
+        "moe.topk_values": 16 * 2 * 4, "moe.topk_sum": 16 * 4,   # in-place renormalisation
+        "moe.indices": 3 * 32 * 8,               # perm // k, perm, inverse perm
+        "moe.offsets": 4 * 4,                    # int32 group offsets
+        "moe.expert_input": 32 * 16 * 2,
+        "moe.expert.gate_up_output": 32 * 48 * 2,
+        "moe.expert.act_output": 32 * 24 * 2, "moe.expert.fc2_input": 32 * 24 * 2,
+        "moe.expert_output": 32 * 16 * 2, "moe.routing_weights": 32 * 4,
+    }
+    assert sum(moe.values()) == 10320
+    got = _measure(MIXTRAL, "sdpa", "bf16").block(0)
+    assert {k: v for k, v in got.items() if k.startswith(("moe", "mlp"))} == moe
+    # norms 2 x (1024 + 64 + 512) + attention (qkv 512, q 512, k 256, v 256, lse 256, out 512)
+    assert sum(got.values()) == 2 * 1600 + 2304 + 10320 == 15824
+    spec = model_from_hf_dict(MIXTRAL, name="tiny-mixtral")
+    assert sum(impls.block_saved_bytes(spec, _impl("hf-sdpa", "bf16"), S, B).values()) == 15824

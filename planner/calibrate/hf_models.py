@@ -213,7 +213,7 @@ def measure(model: nn.Module, seq_len: int, micro_batch: int, precision: str = "
                            parameters=sum(p.numel() for p in model.parameters()),
                            forward_flops=forward_flops,
                            backward_flops=counter.get_total_flops() if flops else 0)
-    shape = _Shape(seq_len, _head_dim(cfg))
+    shape = _Shape(seq_len, _head_dim(cfg), getattr(cfg, "hidden_size", None) or cfg.n_embd)
     for k, (module, t) in records.items():
         layer, cls = classify(module, ops.get(k, set()), t, shape)
         target = result.outside if layer is None else result.by_layer.setdefault(layer, {})
@@ -279,6 +279,7 @@ def _head_dim(cfg) -> int:
 class _Shape:
     seq_len: int
     head_dim: int
+    hidden: int
 
 
 _QKV = "attn.q+attn.k+attn.v"
@@ -311,6 +312,8 @@ def classify(module: str, ops: set[str], t: torch.Tensor, shape: _Shape) -> tupl
     for o in sorted(ops):
         if "ScaledDotProduct" in o:
             return layer, _OPS.get(o.split(".")[-1], "attn.other")
+    if rel.startswith(("mlp.gate", "block_sparse_moe.gate", "mlp.experts", "block_sparse_moe.experts")):
+        return layer, _moe_class(rel, ops, t, shape)
     if any(o.startswith("EmbeddingBackward0") for o in ops):
         return None, "embedding.position_ids" if module.endswith("wpe") else "embedding.token_ids"
     for o in sorted(ops):
@@ -347,6 +350,26 @@ def _by_module(rel: str, ops: set[str], t: torch.Tensor, shape: _Shape) -> str:
     if leaf in ("self_attn", "attn"):
         return _attention_class(ops, t, shape)
     return "other:" + "+".join(sorted(ops))
+
+
+_MOE_OPS = {"MmBackward0.self": "mlp.fc1_input", "SoftmaxBackward0.result": "moe.router_probs",
+            "TopkBackward0.indices": "moe.topk_indices", "DivBackward0.other": "moe.topk_sum",
+            "DivBackward0.self": "moe.topk_values", "IndexBackward0.indices": "moe.indices",
+            "GroupedMmBackward0.offs": "moe.offsets", "SiluBackward0.self": "moe.expert.gate_up_output",
+            "MulBackward0.other": "moe.routing_weights"}
+
+
+def _moe_class(rel: str, ops: set[str], t: torch.Tensor, shape: _Shape) -> str:
+    """Router (`mlp.gate`) and grouped-mm experts (`mlp.experts`) of a transformers MoE block."""
+    for o, name in _MOE_OPS.items():  # in this order: SiLU's input before the product's operand
+        if o in ops:
+            return name
+    wide = t.shape[-1] == shape.hidden
+    if "GroupedMmBackward0.self" in ops:
+        return "moe.expert_input" if wide else "moe.expert.fc2_input"
+    if "MulBackward0.self" in ops:
+        return "moe.expert_output" if wide else "moe.expert.act_output"
+    return "moe.other:" + "+".join(sorted(ops))
 
 
 def _attention_class(ops: set[str], t: torch.Tensor, shape: _Shape) -> str:

@@ -181,8 +181,7 @@ def hf_mlp_saved_bytes(model: ModelSpec, impl: Implementation, seq_len: int,
     operands (0.5·x and 1 + tanh). Under CUDA autocast `pow` is on the fp32 list, so x is kept
     as an fp32 copy and tanh, 1 + tanh run in fp32; CPU autocast leaves them in 16 bits."""
     if model.is_moe:
-        raise PlanInputError("implementation", f"{impl.name} inventory of a mixture-of-experts "
-                             "MLP is not modelled yet (Mixtral's expert loop); use megatron")
+        return hf_moe_saved_bytes(model, impl, seq_len, micro_batch)
     _, c = dtype_bytes(impl)
     n = seq_len * micro_batch * model.ffn_hidden_size
     h = model.hidden_size
@@ -203,10 +202,53 @@ def hf_mlp_saved_bytes(model: ModelSpec, impl: Implementation, seq_len: int,
     return out
 
 
+def hf_moe_saved_bytes(model: ModelSpec, impl: Implementation, seq_len: int,
+                       micro_batch) -> dict[str, int]:
+    """Mixtral's sparse MoE block with transformers' default experts implementation, `grouped_mm`
+    (models/mixtral/modeling_mixtral.py MixtralTopKRouter, MixtralSparseMoeBlock;
+    integrations/moe.py `grouped_mm_experts_forward`); K = k·s·b routed token copies.
+
+    Router: the linear keeps its input (the norm output), softmax(logits.float()) its fp32
+    output (s·b, E), topk its int64 indices (s·b, k), the in-place renormalisation `/=` the fp32
+    top-k values and their sum. Experts: three int64 index vectors of K (`hidden[perm // k]`,
+    `weights[perm]`, the inverse permutation), the int32 group offsets (E), the sorted input
+    (K, h), the gate_up output (K, 2f: SiLU keeps the gate half, the product the up half), the
+    SiLU output and the product (K, f), and `proj_out * weights`: the expert output (K, h) and
+    the fp32 weights (K, 1). Under autocast the router casts its input (and weight) to 16 bits;
+    `torch._grouped_mm` is on no autocast list (torch 2.13 ATen/autocast_mode.h), so the experts
+    run in fp32 (measured on CPU; CUDA autocast is refused, not measured).
+    """
+    if _autocast(impl) and impl.device == "cuda":
+        raise PlanInputError("precision", "the transformers MoE inventory under CUDA autocast is "
+                             "not modelled (measured on CPU only); use bf16 or fp16 weights")
+    resid, c = dtype_bytes(impl)
+    x = resid  # grouped_mm is on no autocast list (ATen/autocast_mode.h): experts run in fp32
+    tokens = seq_len * micro_batch
+    k, experts, f, h = model.experts_per_token, model.num_experts, model.expert_ffn_size, model.hidden_size
+    routed = k * tokens
+    return {
+        "mlp.fc1_input": tokens * h * c,
+        "moe.router_probs": tokens * experts * FP32_BYTES,
+        "moe.topk_indices": tokens * k * INDEX_BYTES,
+        "moe.topk_values": tokens * k * FP32_BYTES,
+        "moe.topk_sum": tokens * FP32_BYTES,
+        "moe.indices": 3 * routed * INDEX_BYTES,
+        "moe.offsets": experts * 4,
+        "moe.expert_input": routed * h * x,
+        "moe.expert.gate_up_output": routed * 2 * f * x,
+        "moe.expert.act_output": routed * f * x,
+        "moe.expert.fc2_input": routed * f * x,
+        "moe.expert_output": routed * h * x,
+        "moe.routing_weights": routed * FP32_BYTES,
+    }
+
+
 def block_linear_weights(model: ModelSpec) -> int:
     """Weight-matrix elements of one block's linears (what autocast casts to 16 bits)."""
     h, d = model.hidden_size, model.head_size
     attn = h * model.num_heads * d * 2 + h * model.kv_heads * d * 2
+    if model.is_moe:  # the router linear; the experts' grouped_mm is not autocast
+        return attn + h * model.num_experts
     mats = 3 if model.mlp == "swiglu" else 2
     return attn + mats * h * model.ffn_hidden_size
 
