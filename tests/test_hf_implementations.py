@@ -188,3 +188,27 @@ def test_mixtral_sdpa_bf16_moe_by_hand():
     assert sum(got.values()) == 2 * 1600 + 2304 + 10320 == 15824
     spec = model_from_hf_dict(MIXTRAL, name="tiny-mixtral")
     assert sum(impls.block_saved_bytes(spec, _impl("hf-sdpa", "bf16"), S, B).values()) == 15824
+
+
+# --------------------------------------------------------------------------- command entry
+
+
+def test_calibrate_hf_entry_rows_and_bad_input(tmp_path):
+    import json
+
+    from planner.calibrate.hf_run import calibrate_hf, render
+
+    (tmp_path / "config.json").write_text(json.dumps(LLAMA))
+    rows = calibrate_hf(tmp_path, seq_len=S, micro_batch=B, precisions=("bf16",), cpu_layers=1)
+    assert [r.where for r in rows] == ["cpu, 1 layers", "meta, 2 layers"]
+    cpu, meta = rows
+    assert cpu.measured_block_bytes == 9088 and cpu.mismatched_classes == ()
+    assert meta.measured_block_bytes == 9088 + 24          # CUDA flash kernel: + rng state
+    assert meta.measured_params == 4944 and meta.predicted_params == 4944
+    assert "9,088" in render(rows)
+    with pytest.raises(PlanInputError) as err:
+        calibrate_hf(tmp_path / "missing.json")
+    assert err.value.field == "hf_config"
+    with pytest.raises(PlanInputError) as err:
+        calibrate_hf(tmp_path, seq_len=0)
+    assert err.value.field == "seq_len"
