@@ -212,3 +212,21 @@ def test_calibrate_hf_entry_rows_and_bad_input(tmp_path):
     with pytest.raises(PlanInputError) as err:
         calibrate_hf(tmp_path, seq_len=0)
     assert err.value.field == "seq_len"
+
+
+def test_meta_efficient_and_cudnn_kernels_lse_by_hand():
+    """MHA tiny Llama (4 heads of 4), s = 40, b = 2, bf16, on meta with the CUDA kernels' aten ops:
+    efficient pads the log-sum-exp to ⌈40/32⌉·32 = 64 queries and keeps int64 seed + offset;
+    cuDNN keeps (b, a, s, 1)."""
+    cfg = dict(LLAMA, num_key_value_heads=4, num_hidden_layers=1)
+    eff = hf_models.measure(hf_models.build_model(cfg, "efficient-meta", "bf16", device="meta"), 40, 2, "bf16",
+                            flops=False).block(0)
+    assert eff["attn.softmax_lse"] == 4 * 64 * 2 * 4 and eff["attn.rng_state"] == 8 + 8
+    cud = hf_models.measure(hf_models.build_model(cfg, "cudnn-meta", "bf16", device="meta"), 40, 2, "bf16",
+                            flops=False).block(0)
+    assert cud["attn.softmax_lse"] == 4 * 40 * 2 * 4 and cud["attn.rng_state"] == 16
+    assert eff["attn.k"] == cud["attn.k"] == 40 * 2 * 4 * 4 * 2      # K at 4 heads of 4, bf16
+    with pytest.raises(PlanInputError) as err:  # GQA: efficient has none, SDPA takes math
+        impls.block_saved_bytes(model_from_hf_dict(LLAMA, name="t"),
+                                impls.Implementation(name="hf-sdpa", sdpa_backend="efficient"), 40, 2)
+    assert err.value.field == "sdpa_backend"

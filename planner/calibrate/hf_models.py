@@ -28,7 +28,8 @@ from planner.core.errors import PlanInputError
 
 HF_INSTALL_HINT = "measuring a transformers model needs the hf extra: pip install 'zplan[hf]'"
 PRECISIONS = ("fp32", "bf16", "fp16", "autocast-bf16", "autocast-fp16")
-ATTENTIONS = ("eager", "sdpa", "flash-meta")
+ATTENTIONS = ("eager", "sdpa", "flash-meta", "efficient-meta", "cudnn-meta")
+_META_KERNELS = {"flash-meta": "flash", "efficient-meta": "efficient", "cudnn-meta": "cudnn"}
 _LAYER = re.compile(r"\.(?:layers|h)\.(\d+)(?:\.|$)")
 
 
@@ -94,11 +95,11 @@ def build_model(config: dict, attention: str = "sdpa", precision: str = "fp32",
         raise PlanInputError("precision", f"{precision!r}; allowed: {', '.join(PRECISIONS)}")
     if attention not in ATTENTIONS:
         raise PlanInputError("attention", f"{attention!r}; allowed: {', '.join(ATTENTIONS)}")
-    if attention == "flash-meta" and device != "meta":
-        raise PlanInputError("attention", "flash-meta runs on the meta device only")
+    if attention in _META_KERNELS and device != "meta":
+        raise PlanInputError("attention", f"{attention} runs on the meta device only")
     if device == "meta" and attention == "sdpa":
         attention = "flash-meta"  # on meta SDPA falls to the math path; CUDA runs the flash kernel
-    impl = _register_flash_meta() if attention == "flash-meta" else attention
+    impl = _register_meta_kernel(_META_KERNELS[attention]) if attention in _META_KERNELS else attention
     cfg = build_config(config, impl, num_layers)
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision, torch.float32)
     with torch.device(device):
@@ -106,19 +107,27 @@ def build_model(config: dict, attention: str = "sdpa", precision: str = "fp32",
     return model.train()
 
 
-def _register_flash_meta() -> str:
-    """Register an attention function calling the CUDA flash kernel's aten op directly (what
-    SDPA dispatches to on a GPU); its meta kernel returns every output, so autograd's saves
-    (q, k, v, out, fp32 logsumexp, rng state) are those of the GPU."""
+def _register_meta_kernel(kernel: str) -> str:
+    """Register an attention function calling a CUDA fused kernel's aten op directly (what SDPA
+    dispatches to on a GPU): `flash`, `efficient` or `cudnn`. Their meta kernels return every
+    output, so autograd's saves (q, k, v, out, fp32 log-sum-exp, RNG state) are the GPU's."""
     from transformers import AttentionInterface
 
-    def flash(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
-        out = torch.ops.aten._scaled_dot_product_flash_attention(
-            query, key, value, dropout, True, False, scale=scaling)[0]
-        return out.transpose(1, 2).contiguous(), None
+    def attend(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
+        aten = torch.ops.aten
+        if kernel == "flash":
+            out = aten._scaled_dot_product_flash_attention(query, key, value, dropout, True, False, scale=scaling)
+        elif kernel == "efficient":
+            out = aten._scaled_dot_product_efficient_attention(query, key, value, None, True, dropout, True,
+                                                               scale=scaling)
+        else:
+            out = aten._scaled_dot_product_cudnn_attention(query, key, value, None, True, dropout, True, False,
+                                                           scale=scaling)
+        return out[0].transpose(1, 2).contiguous(), None
 
-    AttentionInterface.register("zplan_meta_cuda_kernel", flash)
-    return "zplan_meta_cuda_kernel"
+    name = f"zplan_meta_cuda_{kernel}".replace("flash", "fa")  # a name with "flash" means FA2 to transformers
+    AttentionInterface.register(name, attend)
+    return name
 
 
 # --------------------------------------------------------------------------- measuring
@@ -291,6 +300,7 @@ _LINEARS = {"q_proj": "attn.qkv_input", "k_proj": "attn.qkv_input", "v_proj": "a
             "down_proj": "mlp.fc2_input", "mlp.c_proj": "mlp.fc2_input", "lm_head": "head.input"}
 _OPS = {"logsumexp": "attn.softmax_lse", "query": "attn.q", "key": "attn.k", "value": "attn.v",
         "output": "attn.proj_input", "rng_state": "attn.rng_state", "unused": "attn.rng_state",
+        "philox_seed": "attn.rng_state", "philox_offset": "attn.rng_state", "log_sumexp": "attn.softmax_lse",
         "SoftmaxBackward0.result": "attn.softmax_output", "SafeSoftmaxBackward0.result": "attn.softmax_output",
         "SiluBackward0.self": "mlp.act_input", "GeluBackward0.self": "mlp.act_input",
         "PowBackward0.self@act": "mlp.act_input", "TanhBackward0.result": "mlp.act_tanh",

@@ -29,6 +29,11 @@ from planner.memory import activations
 FP32_BYTES = 4
 INDEX_BYTES = 8
 """int64 token / target ids."""
+EFFICIENT_LSE_BLOCK = 32
+"""Memory-efficient attention pads its log-sum-exp to a multiple of 32 queries (torch 2.13
+`_meta_registrations.py` `meta__scaled_dot_product_efficient_attention`; measured on meta)."""
+SEED_OFFSET_BYTES = 16
+"""Efficient and cuDNN kernels keep an int64 philox seed and offset, () each."""
 FLASH_RNG_STATE_BYTES = 24
 """CUDA flash kernel: rng_state (2,) uint64 + an unused () uint64 kept for backward
 (torch 2.13 torch/_meta_registrations.py `meta__scaled_dot_product_flash_attention`)."""
@@ -54,6 +59,10 @@ class Implementation(Frozen):
     saved tensors); False for `gelu` / `gelu_pytorch_tanh` (one aten op, keeps its input)."""
     recompute: Literal["none", "full"] = "none"
     """`full`: HF gradient checkpointing, each block keeps only its input."""
+    sdpa_backend: Literal["flash", "efficient", "cudnn"] = "flash"
+    """The fused kernel SDPA dispatches to on CUDA (flash needs fp16/bf16; fp32 takes efficient,
+    which has no GQA: torch's sdp_utils.cpp `check_batch_size_and_num_heads_dense<false>`). The
+    CPU has only its flash kernel."""
     attention_dropout: bool | None = None
     """Dropout on the attention probabilities (GPT-2 `attn_pdrop`, Llama `attention_dropout`);
     None: the model's `dropout` flag (which also covers residual and embedding dropout)."""
@@ -150,9 +159,7 @@ def hf_attention_saved_bytes(model: ModelSpec, impl: Implementation, seq_len: in
                                  "the math backend, which is not modelled; set the dropout to 0")
         kv = model.kv_heads if sdpa_uses_gqa(model, s) else a
         out |= {"attn.q": s * b * a * d * c, "attn.k": s * b * kv * d * c,
-                "attn.v": s * b * kv * d * c, "attn.softmax_lse": a * s * b * FP32_BYTES}
-        if impl.device == "cuda":
-            out["attn.rng_state"] = FLASH_RNG_STATE_BYTES
+                "attn.v": s * b * kv * d * c} | _sdpa_kernel_extras(impl, a, kv, s, b)
     else:
         probs = s * s * b * a
         soft = FP32_BYTES if (rotary or _autocast(impl)) else c
@@ -168,6 +175,26 @@ def hf_attention_saved_bytes(model: ModelSpec, impl: Implementation, seq_len: in
     if model.dropout and not rotary:
         out["attn.dropout_mask"] = s * b * model.hidden_size * _mask_bytes(impl, c)
     return out
+
+
+def _sdpa_kernel_extras(impl: Implementation, heads: int, kv: int, s: int, b) -> dict[str, int]:
+    """Log-sum-exp and RNG state of the fused kernel (what autograd keeps besides q, k, v, out;
+    torch 2.13 derivatives of `_scaled_dot_product_{flash,efficient,cudnn}_attention`, shapes
+    from their meta kernels, measured on meta): flash (b, a, s) + rng 24 B on CUDA; efficient
+    (b, a, ⌈s/32⌉·32) + seed/offset 16 B; cuDNN (b, a, s, 1) + seed/offset 16 B."""
+    backend = impl.sdpa_backend
+    if impl.device == "cpu":
+        if backend != "flash":
+            raise PlanInputError("sdpa_backend", f"{backend} is a CUDA kernel; the CPU runs flash")
+        return {"attn.softmax_lse": heads * s * b * FP32_BYTES}
+    if backend == "efficient":
+        if kv != heads:
+            raise PlanInputError("sdpa_backend", "efficient attention has no grouped-query support; "
+                                 "SDPA falls back to the math backend, which is not modelled")
+        padded = -(-s // EFFICIENT_LSE_BLOCK) * EFFICIENT_LSE_BLOCK
+        return {"attn.softmax_lse": heads * padded * b * FP32_BYTES, "attn.rng_state": SEED_OFFSET_BYTES}
+    rng = FLASH_RNG_STATE_BYTES if backend == "flash" else SEED_OFFSET_BYTES
+    return {"attn.softmax_lse": heads * s * b * FP32_BYTES, "attn.rng_state": rng}
 
 
 # --------------------------------------------------------------------------- MLP
