@@ -22,6 +22,8 @@ from __future__ import annotations
 
 from typing import Literal
 
+import numpy as np
+
 from planner.core.errors import PlanInputError
 from planner.core.spec import Frozen, Layout, ModelSpec
 from planner.memory import activations
@@ -286,6 +288,8 @@ def block_linear_weights(model: ModelSpec) -> int:
 def _check(model: ModelSpec, impl: Implementation, seq_len: int, micro_batch) -> None:
     if seq_len <= 0:
         raise PlanInputError("seq_len", f"must be a positive integer (got {seq_len})")
+    if np.any(np.asarray(micro_batch) <= 0):
+        raise PlanInputError("micro_batch", f"must be positive integers (got {micro_batch})")
     if impl.name != "megatron" and model.arch != "decoder":
         raise PlanInputError("implementation", f"{impl.name} covers decoders only (got {model.arch})")
 
@@ -339,6 +343,7 @@ def hf_outside_saved_bytes(model: ModelSpec, impl: Implementation, seq_len: int,
     the int64 targets (`nn.functional.pad(labels, (0, 1))[..., 1:]`: the padded storage of
     s + 1 ids when b = 1, a b·s copy otherwise) and a 0-dim fp32 total weight.
     """
+    _check(model, impl, seq_len, micro_batch)
     resid, c = dtype_bytes(impl)
     s, h, tokens = seq_len, model.hidden_size, seq_len * micro_batch
     out = {"embedding.token_ids": tokens * INDEX_BYTES}
