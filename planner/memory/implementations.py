@@ -134,10 +134,13 @@ def _linear_inputs(name: str, tokens, width: int, uses: int, impl: Implementatio
 
 def sdpa_uses_gqa(model: ModelSpec, seq_len: int) -> bool:
     """integrations/sdpa_attention.py `use_gqa_in_sdpa` (CUDA / CPU path): no mask and
-    head_dim <= 256; causal training without padding passes no mask unless a sliding window
-    shorter than the sequence needs one. Otherwise `repeat_kv` copies K, V to the query heads."""
-    windowed = model.sliding_window is not None and model.sliding_window < seq_len
-    return not windowed and model.head_size <= 256
+    head_dim <= 256; causal training without padding passes no mask (`is_causal=True`).
+    Otherwise `repeat_kv` copies K, V to the query heads. A sliding window shorter than the
+    sequence needs an explicit mask, which the flash kernel does not take: not modelled."""
+    if model.sliding_window is not None and model.sliding_window < seq_len:
+        raise PlanInputError("implementation", f"hf-sdpa with a sliding window ({model.sliding_window}) "
+                             f"shorter than seq_len ({seq_len}) passes a mask to SDPA; not modelled")
+    return model.head_size <= 256
 
 
 def hf_attention_saved_bytes(model: ModelSpec, impl: Implementation, seq_len: int,
@@ -367,7 +370,11 @@ def hf_outside_saved_bytes(model: ModelSpec, impl: Implementation, seq_len: int,
 
 def model_saved_bytes(model: ModelSpec, impl: Implementation, seq_len: int, micro_batch,
                       num_layers: int | None = None) -> int:
-    """A whole single-GPU forward: num_layers blocks (default the model's) + the outside extras."""
+    """A whole single-GPU transformers forward: num_layers blocks (default the model's) + the
+    outside extras. Megatron's stages have their own account (activations.stage_activations)."""
+    if impl.name == "megatron":
+        raise PlanInputError("implementation", "megatron's per-stage extras live in "
+                             "activations.stage_activations; model_saved_bytes covers hf-*")
     n = model.num_layers if num_layers is None else num_layers
     block = sum(block_saved_bytes(model, impl, seq_len, micro_batch).values())
     return n * block + sum(hf_outside_saved_bytes(model, impl, seq_len, micro_batch).values())
