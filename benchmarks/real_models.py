@@ -1,0 +1,172 @@
+"""Real `transformers` models against planner/memory/implementations.py (and today's `megatron`
+inventory, for the gap it leaves).
+
+Families: GPT-2, Llama, Mistral, Qwen2 (GQA, qkv bias), Mixtral. Two sizes each:
+- small: config dicts written here (reduced depth and width), measured on CPU, eager and SDPA,
+  fp32 / bf16 / autocast-bf16 (CPU kernels: `device="cpu"` inventories);
+- full: the published config.json values (written out below with their model card names),
+  measured at full size on the meta device in bf16, eager and SDPA (SDPA run as the CUDA flash
+  kernel's aten op; `device="cuda"` inventories). Autocast needs a real device: CPU rows only.
+
+Columns: saved bytes of one block and of the whole forward (blocks + embedding, rotary, final
+norm, head, loss), predicted vs measured; the `megatron` inventory's error on the same block;
+parameters; forward FLOPs (torch.utils.flop_counter vs planner.core.flops).
+
+    python benchmarks/real_models.py                 # print the table (a few minutes on 2 cores)
+    python benchmarks/real_models.py --update-docs   # also write it between the markers in README.md
+                                                     # if present, else in docs/implementations.md
+
+Not a test: nothing here asserts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from planner.calibrate import hf_models  # noqa: E402
+from planner.calibrate.hf_run import implementation_for  # noqa: E402
+from planner.core import flops, params  # noqa: E402
+from planner.core.errors import PlanInputError  # noqa: E402
+from planner.core.spec import Layout  # noqa: E402
+from planner.io.hf_config import model_from_hf_dict  # noqa: E402
+from planner.memory import activations  # noqa: E402
+from planner.memory import implementations as impls  # noqa: E402
+
+SMALL = {  # reduced depth and width; attention dropout 0 so CPU SDPA runs its flash kernel
+    "gpt2": dict(model_type="gpt2", n_embd=128, n_head=4, n_layer=2, vocab_size=512, n_positions=256,
+                 attn_pdrop=0.0, bos_token_id=0, eos_token_id=0),
+    "llama": dict(model_type="llama", hidden_size=128, intermediate_size=352, num_attention_heads=4,
+                  num_key_value_heads=4, num_hidden_layers=2, vocab_size=512, max_position_embeddings=256),
+    "mistral": dict(model_type="mistral", hidden_size=128, intermediate_size=448, num_attention_heads=8,
+                    num_key_value_heads=2, num_hidden_layers=2, vocab_size=512, max_position_embeddings=256,
+                    sliding_window=256),
+    "qwen2": dict(model_type="qwen2", hidden_size=128, intermediate_size=320, num_attention_heads=4,
+                  num_key_value_heads=2, num_hidden_layers=2, vocab_size=512, max_position_embeddings=256),
+    "mixtral": dict(model_type="mixtral", hidden_size=128, intermediate_size=224, num_attention_heads=4,
+                    num_key_value_heads=2, num_hidden_layers=2, vocab_size=512, num_local_experts=4,
+                    num_experts_per_tok=2, max_position_embeddings=256),
+}
+FULL = {  # published config.json values (Hugging Face model cards named in the key)
+    "gpt2 (openai-community/gpt2-xl)": dict(model_type="gpt2", n_embd=1600, n_head=25, n_layer=48,
+                                            vocab_size=50257, n_positions=1024),
+    "llama (meta-llama/Llama-2-7b-hf)": dict(model_type="llama", hidden_size=4096, intermediate_size=11008,
+                                             num_attention_heads=32, num_key_value_heads=32,
+                                             num_hidden_layers=32, vocab_size=32000,
+                                             max_position_embeddings=4096),
+    "mistral (mistralai/Mistral-7B-v0.1)": dict(model_type="mistral", hidden_size=4096, intermediate_size=14336,
+                                                num_attention_heads=32, num_key_value_heads=8,
+                                                num_hidden_layers=32, vocab_size=32000, sliding_window=4096,
+                                                max_position_embeddings=32768),
+    "qwen2 (Qwen/Qwen2-7B)": dict(model_type="qwen2", hidden_size=3584, intermediate_size=18944,
+                                  num_attention_heads=28, num_key_value_heads=4, num_hidden_layers=28,
+                                  vocab_size=152064, max_position_embeddings=131072),
+    "mixtral (mistralai/Mixtral-8x7B-v0.1)": dict(model_type="mixtral", hidden_size=4096, intermediate_size=14336,
+                                                  num_attention_heads=32, num_key_value_heads=8,
+                                                  num_hidden_layers=32, vocab_size=32000, num_local_experts=8,
+                                                  num_experts_per_tok=2, max_position_embeddings=32768),
+}
+SMALL_SEQ, SMALL_BATCH = 128, 2
+FULL_BATCH = 1
+MARK_START, MARK_END = "<!-- real-models:start -->", "<!-- real-models:end -->"
+
+
+def _full_seq(name: str) -> int:
+    return 1024 if name.startswith("gpt2") else 4096
+
+
+def _megatron_error(spec, attention: str, precision: str, seq: int, batch: int, measured: int) -> str:
+    """Today's inventory (activations.layer_saved_bytes) on the same block, 16-bit or fp32."""
+    e = 4 if precision == "fp32" else 2
+    try:
+        got = activations.layer_saved_bytes(spec, Layout(flash_attention=attention == "sdpa"), seq, batch, e)
+    except PlanInputError:
+        return "n/a"
+    return f"{100 * (sum(got.values()) / measured - 1):+.1f}"
+
+
+def row(name: str, config: dict, attention: str, precision: str, device: str, seq: int, batch: int) -> list[str]:
+    spec = model_from_hf_dict(config, name=name)
+    started = time.perf_counter()
+    model = hf_models.build_model(config, attention, precision, device=device)
+    got = hf_models.measure(model, seq, batch, precision, flops=False)
+    impl = implementation_for(config, attention, precision, device)
+    measured_block = sum(got.block(0).values())
+    measured_total = got.total_bytes()
+    try:
+        block = sum(impls.block_saved_bytes(spec, impl, seq, batch).values())
+        total = impls.model_saved_bytes(spec, impl, seq, batch)
+        pred = [f"{block:,}", f"{100 * (block / measured_block - 1):+.2f}", f"{total:,}",
+                f"{100 * (total / measured_total - 1):+.2f}"]
+    except PlanInputError as err:
+        pred = ["not modelled", "", "", f"({err.message[:40]})"]
+    return [name, f"{device}, {got.num_layers} L, s={seq}, b={batch}", attention, precision,
+            f"{measured_block:,}", *pred[:2], f"{measured_total:,}", *pred[2:],
+            _megatron_error(spec, attention, precision, seq, batch, measured_block),
+            "exact" if params.count_params(spec).total == got.parameters else
+            f"{params.count_params(spec).total:,} vs {got.parameters:,}",
+            f"{100 * (flops.forward_flops(spec, batch, seq) / got.forward_flops - 1):+.2f}"
+            + ("*" if device == "cpu" and attention == "sdpa" else "") + ("†" if spec.is_moe else ""),
+            f"{time.perf_counter() - started:.1f}"]
+
+
+HEADER = ["model", "where", "attention", "precision", "block measured B", "block predicted B", "err %",
+          "forward measured B", "forward predicted B", "err %", "megatron inventory err %", "params",
+          "fwd FLOPs err %", "s"]
+
+
+def table(rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    lines.append("")
+    lines.append("\\* CPU SDPA runs `aten._scaled_dot_product_flash_attention_for_cpu`, which "
+                 "torch.utils.flop_counter has no formula for: the measured FLOPs leave out QKᵀ and PV.")
+    lines.append("† transformers runs Mixtral's experts with `torch._grouped_mm`, which flop_counter "
+                 "(torch 2.13) does not count: the measured FLOPs leave out the experts.")
+    return "\n".join(lines)
+
+
+def run(quick: bool) -> list[list[str]]:
+    rows = []
+    for name, config in SMALL.items():
+        for attention in ("eager", "sdpa"):
+            for precision in ("fp32", "bf16", "autocast-bf16"):
+                rows.append(row(name, config, attention, precision, "cpu", SMALL_SEQ, SMALL_BATCH))
+                print(" | ".join(rows[-1]), flush=True)
+    if quick:
+        return rows
+    for name, config in FULL.items():
+        for attention in ("eager", "sdpa"):
+            rows.append(row(name, config, attention, "bf16", "meta", _full_seq(name), FULL_BATCH))
+            print(" | ".join(rows[-1]), flush=True)
+    return rows
+
+
+def update(text: str) -> Path:
+    readme, doc = ROOT / "README.md", ROOT / "docs" / "implementations.md"
+    target = readme if MARK_START in readme.read_text() else doc
+    body = target.read_text()
+    pattern = re.compile(re.escape(MARK_START) + ".*?" + re.escape(MARK_END), re.S)
+    target.write_text(pattern.sub(lambda m: f"{MARK_START}\n{text}\n{MARK_END}", body))
+    return target
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--update-docs", action="store_true")
+    parser.add_argument("--quick", action="store_true", help="CPU rows only")
+    args = parser.parse_args()
+    text = table(run(args.quick))
+    print(text)
+    if args.update_docs:
+        print(f"written to {update(text)}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,380 @@
+"""Saved-activation inventories of the ways people run a model: Megatron's fused kernels and
+Hugging Face `transformers`' Python modules (eager and SDPA attention), times the precision mode.
+
+Same shape as `activations.layer_saved_bytes`: ONE block, ONE micro-batch, ONE GPU, named tensor
+classes -> exact bytes. `micro_batch` may be an int or a numpy integer array (every formula is a
+product with it), so an array model can evaluate many micro-batches at once.
+
+`megatron` is today's inventory (`planner.memory.activations`, unchanged). The `hf-*`
+inventories are derived from transformers 5.23.0 (the installed package; file references below
+are relative to its `transformers/` folder) and measured with `planner.calibrate.hf_models`;
+docs/implementations.md walks through each tensor.
+
+Precision modes: `fp32` (fp32 weights, no autocast), `bf16` / `fp16` (16-bit weights and
+activations; an fp32 master copy, if any, is a model state), `autocast-bf16` / `autocast-fp16`
+(fp32 weights under `torch.autocast`: what HF Trainer with `bf16=True` and plain AMP run).
+`device` matters where CPU and CUDA kernels save different things (dropout masks, LayerNorm
+statistics, autocast's fp32 op list); `cuda` is what users train on, `cpu` what the CPU
+harness measures.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import numpy as np
+
+from planner.core.errors import PlanInputError
+from planner.core.spec import Frozen, Layout, ModelSpec
+from planner.memory import activations
+
+FP32_BYTES = 4
+INDEX_BYTES = 8
+"""int64 token / target ids."""
+EFFICIENT_LSE_BLOCK = 32
+"""Memory-efficient attention pads its log-sum-exp to a multiple of 32 queries (torch 2.13
+`_meta_registrations.py` `meta__scaled_dot_product_efficient_attention`; measured on meta)."""
+SEED_OFFSET_BYTES = 16
+"""Efficient and cuDNN kernels keep an int64 philox seed and offset, () each."""
+FLASH_RNG_STATE_BYTES = 24
+"""CUDA flash kernel: rng_state (2,) uint64 + an unused () uint64 kept for backward
+(torch 2.13 torch/_meta_registrations.py `meta__scaled_dot_product_flash_attention`)."""
+CUDA_MASK_BYTES = 1
+"""aten::native_dropout (CUDA) keeps a torch.bool mask."""
+
+ImplementationName = Literal["megatron", "hf-eager", "hf-sdpa"]
+PrecisionMode = Literal["fp32", "bf16", "fp16", "autocast-bf16", "autocast-fp16"]
+IMPLEMENTATIONS: tuple[str, ...] = ("megatron", "hf-eager", "hf-sdpa")
+PRECISION_MODES: tuple[str, ...] = ("fp32", "bf16", "fp16", "autocast-bf16", "autocast-fp16")
+
+
+class Implementation(Frozen):
+    """How the model is run: which code saves the activations, in which precision mode."""
+
+    name: ImplementationName = "megatron"
+    precision: PrecisionMode = "bf16"
+    device: Literal["cuda", "cpu"] = "cuda"
+    """Kernels differ: CPU dropout keeps a mask in the activation dtype (aten `_dropout_impl`),
+    CPU LayerNorm keeps its statistics in the input dtype, CPU autocast runs `pow` in bf16."""
+    composite_gelu: bool = True
+    """GPT-2's `gelu_new` (activations.py NewGELUActivation: tanh formula in Python ops, four
+    saved tensors); False for `gelu` / `gelu_pytorch_tanh` (one aten op, keeps its input)."""
+    recompute: Literal["none", "full"] = "none"
+    """`full`: HF gradient checkpointing, each block keeps only its input."""
+    sdpa_backend: Literal["flash", "efficient", "cudnn"] = "flash"
+    """The fused kernel SDPA dispatches to on CUDA (flash needs fp16/bf16; fp32 takes efficient,
+    which has no GQA: torch's sdp_utils.cpp `check_batch_size_and_num_heads_dense<false>`). The
+    CPU has only its flash kernel."""
+    attention_dropout: bool | None = None
+    """Dropout on the attention probabilities (GPT-2 `attn_pdrop`, Llama `attention_dropout`);
+    None: the model's `dropout` flag (which also covers residual and embedding dropout)."""
+
+    def attn_dropout(self, model: ModelSpec) -> bool:
+        return model.dropout if self.attention_dropout is None else self.attention_dropout
+
+
+def dtype_bytes(impl: Implementation) -> tuple[int, int]:
+    """(residual-stream bytes, compute bytes): fp32 4/4, bf16 and fp16 2/2, autocast 4/2 (the
+    weights and the residual stream stay fp32, matmuls run in 16 bits)."""
+    if impl.precision == "fp32":
+        return FP32_BYTES, FP32_BYTES
+    if impl.precision.startswith("autocast"):
+        return FP32_BYTES, 2
+    return 2, 2
+
+
+def _autocast(impl: Implementation) -> bool:
+    return impl.precision.startswith("autocast")
+
+
+def _mask_bytes(impl: Implementation, elem_bytes: int) -> int:
+    """A dropout mask element: torch.bool on CUDA (native_dropout); on CPU ATen's
+    `_dropout_impl` multiplies by a noise tensor of the input dtype and keeps that."""
+    return CUDA_MASK_BYTES if impl.device == "cuda" else elem_bytes
+
+
+# --------------------------------------------------------------------------- norms
+
+
+def rmsnorm_saved_bytes(prefix: str, tokens, hidden: int, impl: Implementation) -> dict[str, int]:
+    """LlamaRMSNorm.forward (models/llama/modeling_llama.py): `x.to(float32)` -> `pow(2)` keeps
+    the fp32 x, `x * rsqrt(var + eps)` keeps x (same storage) and rstd (fp32, one per token),
+    `weight * normed.to(input_dtype)` keeps the normalised tensor in the residual dtype."""
+    resid, _ = dtype_bytes(impl)
+    return {f"{prefix}.input": tokens * hidden * FP32_BYTES,
+            f"{prefix}.stats": tokens * FP32_BYTES,
+            f"{prefix}.normalized": tokens * hidden * resid}
+
+
+def layernorm_saved_bytes(prefix: str, tokens, hidden: int, impl: Implementation) -> dict[str, int]:
+    """nn.LayerNorm -> aten::native_layer_norm keeps its input, mean and rstd. CUDA keeps the
+    statistics in the accumulate type (fp32); CPU in the input dtype (measured)."""
+    resid, _ = dtype_bytes(impl)
+    stats = FP32_BYTES if impl.device == "cuda" else resid
+    return {f"{prefix}.input": tokens * hidden * resid, f"{prefix}.stats": 2 * tokens * stats}
+
+
+def _norm(prefix: str, model: ModelSpec, tokens, impl: Implementation) -> dict[str, int]:
+    if model.norm == "rmsnorm":
+        return rmsnorm_saved_bytes(prefix, tokens, model.hidden_size, impl)
+    return layernorm_saved_bytes(prefix, tokens, model.hidden_size, impl)
+
+
+def _linear_inputs(name: str, tokens, width: int, uses: int, impl: Implementation) -> dict[str, int]:
+    """A tensor feeding `uses` separate linears. Without autocast they share one storage; under
+    autocast each linear casts its input to 16 bits itself (only leaf weights are cached), so
+    each keeps its own copy."""
+    _, c = dtype_bytes(impl)
+    copies = uses if _autocast(impl) else 1
+    return {name: copies * tokens * width * c}
+
+
+# --------------------------------------------------------------------------- attention
+
+
+def sdpa_uses_gqa(model: ModelSpec, seq_len: int) -> bool:
+    """integrations/sdpa_attention.py `use_gqa_in_sdpa` (CUDA / CPU path): no mask and
+    head_dim <= 256; causal training without padding passes no mask (`is_causal=True`).
+    Otherwise `repeat_kv` copies K, V to the query heads. A sliding window shorter than the
+    sequence needs an explicit mask, which the flash kernel does not take: not modelled."""
+    if model.sliding_window is not None and model.sliding_window < seq_len:
+        raise PlanInputError("implementation", f"hf-sdpa with a sliding window ({model.sliding_window}) "
+                             f"shorter than seq_len ({seq_len}) passes a mask to SDPA; not modelled")
+    return model.head_size <= 256
+
+
+def hf_attention_saved_bytes(model: ModelSpec, impl: Implementation, seq_len: int,
+                             micro_batch) -> dict[str, int]:
+    """Self-attention of a Llama-family or GPT-2 block in transformers.
+
+    eager (models/llama/modeling_llama.py `eager_attention_forward`, models/gpt2/modeling_gpt2.py
+    `eager_attention_forward`): `repeat_kv` copies K, V to the query heads; the two matmuls keep
+    Q, K, the probabilities and V; Llama's softmax runs in fp32 then `.to(query.dtype)` (a second
+    copy when that is 16-bit); GPT-2's softmax runs in the scores' dtype (fp32 under autocast,
+    whose fp32 list has softmax) then `.type(value.dtype)`; attention dropout keeps mask + output.
+    sdpa (flash kernel on CUDA and CPU): q, k, v, out and an fp32 log-sum-exp (b, a, s).
+    """
+    _, c = dtype_bytes(impl)
+    b, s, d, a = micro_batch, seq_len, model.head_size, model.num_heads
+    rotary = model.position == "rotary"
+    out = _linear_inputs("attn.qkv_input", s * b, model.hidden_size, 3 if rotary else 1, impl)
+    if impl.name == "hf-sdpa":
+        if impl.attn_dropout(model) and impl.device == "cpu":
+            raise PlanInputError("implementation", "hf-sdpa with attention dropout on CPU runs "
+                                 "the math backend, which is not modelled; set the dropout to 0")
+        kv = model.kv_heads if sdpa_uses_gqa(model, s) else a
+        out |= {"attn.q": s * b * a * d * c, "attn.k": s * b * kv * d * c,
+                "attn.v": s * b * kv * d * c} | _sdpa_kernel_extras(impl, a, kv, s, b)
+    else:
+        probs = s * s * b * a
+        soft = FP32_BYTES if (rotary or _autocast(impl)) else c
+        out |= {"attn.q": s * b * a * d * c, "attn.k": s * b * a * d * c,
+                "attn.softmax_output": probs * soft}
+        if soft != c and not impl.attn_dropout(model):  # with dropout the cast feeds dropout, which keeps only its mask
+            out["attn.softmax_cast"] = probs * c
+        if impl.attn_dropout(model):
+            out["attn.softmax_dropout_mask"] = probs * _mask_bytes(impl, c)
+            out["attn.softmax_dropout_output"] = probs * c
+        out["attn.v"] = s * b * a * d * c
+    out["attn.proj_input"] = s * b * a * d * c
+    if model.dropout and not rotary:
+        out["attn.dropout_mask"] = s * b * model.hidden_size * _mask_bytes(impl, c)
+    return out
+
+
+def _sdpa_kernel_extras(impl: Implementation, heads: int, kv: int, s: int, b) -> dict[str, int]:
+    """Log-sum-exp and RNG state of the fused kernel (what autograd keeps besides q, k, v, out;
+    torch 2.13 derivatives of `_scaled_dot_product_{flash,efficient,cudnn}_attention`, shapes
+    from their meta kernels, measured on meta): flash (b, a, s) + rng 24 B on CUDA; efficient
+    (b, a, ⌈s/32⌉·32) + seed/offset 16 B; cuDNN (b, a, s, 1) + seed/offset 16 B."""
+    backend = impl.sdpa_backend
+    if impl.device == "cpu":
+        if backend != "flash":
+            raise PlanInputError("sdpa_backend", f"{backend} is a CUDA kernel; the CPU runs flash")
+        return {"attn.softmax_lse": heads * s * b * FP32_BYTES}
+    if backend == "efficient":
+        if kv != heads:
+            raise PlanInputError("sdpa_backend", "efficient attention has no grouped-query support; "
+                                 "SDPA falls back to the math backend, which is not modelled")
+        padded = -(-s // EFFICIENT_LSE_BLOCK) * EFFICIENT_LSE_BLOCK
+        return {"attn.softmax_lse": heads * padded * b * FP32_BYTES, "attn.rng_state": SEED_OFFSET_BYTES}
+    rng = FLASH_RNG_STATE_BYTES if backend == "flash" else SEED_OFFSET_BYTES
+    return {"attn.softmax_lse": heads * s * b * FP32_BYTES, "attn.rng_state": rng}
+
+
+# --------------------------------------------------------------------------- MLP
+
+
+def hf_mlp_saved_bytes(model: ModelSpec, impl: Implementation, seq_len: int,
+                       micro_batch) -> dict[str, int]:
+    """LlamaMLP `down(act(gate(x)) * up(x))`: SiLU keeps its input, the product both operands,
+    down its input. GPT2MLP `c_proj(act(c_fc(x)))` with `gelu_new` = 0.5·x·(1 + tanh(√(2/π)·
+    (x + 0.044715·x³))) in Python ops: pow keeps x, tanh its result, the last product both
+    operands (0.5·x and 1 + tanh). Under CUDA autocast `pow` is on the fp32 list, so x is kept
+    as an fp32 copy and tanh, 1 + tanh run in fp32; CPU autocast leaves them in 16 bits."""
+    if model.is_moe:
+        return hf_moe_saved_bytes(model, impl, seq_len, micro_batch)
+    _, c = dtype_bytes(impl)
+    n = seq_len * micro_batch * model.ffn_hidden_size
+    h = model.hidden_size
+    if model.mlp == "swiglu":
+        out = _linear_inputs("mlp.fc1_input", seq_len * micro_batch, h, 2, impl)
+        return out | {"mlp.act_input": n * c, "mlp.act_output": n * c,
+                      "mlp.up_output": n * c, "mlp.fc2_input": n * c}
+    out = _linear_inputs("mlp.fc1_input", seq_len * micro_batch, h, 1, impl)
+    if not impl.composite_gelu:
+        out["mlp.act_input"] = n * c
+    else:
+        wide = FP32_BYTES if (_autocast(impl) and impl.device == "cuda") else c
+        out |= {"mlp.act_input": n * wide, "mlp.act_tanh": n * wide,
+                "mlp.act_one_plus_tanh": n * wide, "mlp.act_half_input": n * c}
+    out["mlp.fc2_input"] = n * c
+    if model.dropout:
+        out["mlp.dropout_mask"] = seq_len * micro_batch * h * _mask_bytes(impl, c)
+    return out
+
+
+def hf_moe_saved_bytes(model: ModelSpec, impl: Implementation, seq_len: int,
+                       micro_batch) -> dict[str, int]:
+    """Mixtral's sparse MoE block with transformers' default experts implementation, `grouped_mm`
+    (models/mixtral/modeling_mixtral.py MixtralTopKRouter, MixtralSparseMoeBlock;
+    integrations/moe.py `grouped_mm_experts_forward`); K = k·s·b routed token copies.
+
+    Router: the linear keeps its input (the norm output), softmax(logits.float()) its fp32
+    output (s·b, E), topk its int64 indices (s·b, k), the in-place renormalisation `/=` the fp32
+    top-k values and their sum. Experts: three int64 index vectors of K (`hidden[perm // k]`,
+    `weights[perm]`, the inverse permutation), the int32 group offsets (E), the sorted input
+    (K, h), the gate_up output (K, 2f: SiLU keeps the gate half, the product the up half), the
+    SiLU output and the product (K, f), and `proj_out * weights`: the expert output (K, h) and
+    the fp32 weights (K, 1). Under autocast the router casts its input (and weight) to 16 bits;
+    `torch._grouped_mm` is on no autocast list (torch 2.13 ATen/autocast_mode.h), so the experts
+    run in fp32 (measured on CPU; CUDA autocast is refused, not measured).
+    """
+    if _autocast(impl) and impl.device == "cuda":
+        raise PlanInputError("precision", "the transformers MoE inventory under CUDA autocast is "
+                             "not modelled (measured on CPU only); use bf16 or fp16 weights")
+    resid, c = dtype_bytes(impl)
+    x = resid  # grouped_mm is on no autocast list (ATen/autocast_mode.h): experts run in fp32
+    tokens = seq_len * micro_batch
+    k, experts, f, h = model.experts_per_token, model.num_experts, model.expert_ffn_size, model.hidden_size
+    routed = k * tokens
+    return {
+        "mlp.fc1_input": tokens * h * c,
+        "moe.router_probs": tokens * experts * FP32_BYTES,
+        "moe.topk_indices": tokens * k * INDEX_BYTES,
+        "moe.topk_values": tokens * k * FP32_BYTES,
+        "moe.topk_sum": tokens * FP32_BYTES,
+        "moe.indices": 3 * routed * INDEX_BYTES,
+        "moe.offsets": experts * 4,
+        "moe.expert_input": routed * h * x,
+        "moe.expert.gate_up_output": routed * 2 * f * x,
+        "moe.expert.act_output": routed * f * x,
+        "moe.expert.fc2_input": routed * f * x,
+        "moe.expert_output": routed * h * x,
+        "moe.routing_weights": routed * FP32_BYTES,
+    }
+
+
+def block_linear_weights(model: ModelSpec) -> int:
+    """Weight-matrix elements of one block's linears (what autocast casts to 16 bits)."""
+    h, d = model.hidden_size, model.head_size
+    attn = h * model.num_heads * d * 2 + h * model.kv_heads * d * 2
+    if model.is_moe:  # the router linear; the experts' grouped_mm is not autocast
+        return attn + h * model.num_experts
+    mats = 3 if model.mlp == "swiglu" else 2
+    return attn + mats * h * model.ffn_hidden_size
+
+
+# --------------------------------------------------------------------------- one block
+
+
+def _check(model: ModelSpec, impl: Implementation, seq_len: int, micro_batch) -> None:
+    if seq_len <= 0:
+        raise PlanInputError("seq_len", f"must be a positive integer (got {seq_len})")
+    if np.any(np.asarray(micro_batch) <= 0):
+        raise PlanInputError("micro_batch", f"must be positive integers (got {micro_batch})")
+    if impl.name != "megatron" and model.arch != "decoder":
+        raise PlanInputError("implementation", f"{impl.name} covers decoders only (got {model.arch})")
+
+
+def hf_block_saved_bytes(model: ModelSpec, impl: Implementation, seq_len: int,
+                         micro_batch) -> dict[str, int]:
+    """One transformers decoder block (LlamaDecoderLayer / GPT2Block), before recompute."""
+    _check(model, impl, seq_len, micro_batch)
+    tokens = seq_len * micro_batch
+    out = (_norm("norm1", model, tokens, impl)
+           | hf_attention_saved_bytes(model, impl, seq_len, micro_batch)
+           | _norm("norm2", model, tokens, impl)
+           | hf_mlp_saved_bytes(model, impl, seq_len, micro_batch))
+    if _autocast(impl):
+        out["autocast.weight_casts"] = block_linear_weights(model) * dtype_bytes(impl)[1]
+    return out
+
+
+def block_saved_bytes(model: ModelSpec, impl: Implementation, seq_len: int, micro_batch,
+                      layout: Layout | None = None) -> dict[str, int]:
+    """What one block keeps for backward under `impl`: megatron -> activations.py's inventory
+    (with `layout`: tp, sequence parallel, flash, Tempo, selective recompute); hf-* -> the
+    transformers inventory, or the block input alone under HF gradient checkpointing."""
+    if impl.name == "megatron":
+        if impl.precision.startswith("autocast"):
+            raise PlanInputError("precision", "megatron runs 16-bit weights (bf16, fp16) or fp32, not autocast")
+        layout = layout or Layout()
+        e = dtype_bytes(impl)[1]
+        if layout.recompute == "none":
+            return activations.layer_saved_bytes(model, layout, seq_len, micro_batch, e)
+        return {"block": activations.layer_activation_bytes(model, layout, seq_len, micro_batch, e)}
+    if layout is not None and layout.tp != 1:
+        raise PlanInputError("tp", f"{impl.name} runs without tensor parallelism (got tp={layout.tp})")
+    if impl.recompute == "full":
+        return {"checkpoint.block_input": seq_len * micro_batch * model.hidden_size * dtype_bytes(impl)[0]}
+    return hf_block_saved_bytes(model, impl, seq_len, micro_batch)
+
+
+# --------------------------------------------------------------------------- outside the blocks
+
+
+def hf_outside_saved_bytes(model: ModelSpec, impl: Implementation, seq_len: int,
+                           micro_batch) -> dict[str, int]:
+    """Saved once per forward outside the blocks (a single-GPU causal LM with its loss).
+
+    Embedding lookup keeps the int64 ids (GPT-2 also its wpe position ids, shape (1, s));
+    GPT-2's embedding dropout a mask; Llama's rotary cos and sin (1, 1, s, d) in the residual
+    dtype, kept by the first layer's products and shared by all; the final norm; the head's input
+    (a 16-bit cast under autocast, plus the cast head weight); `ForCausalLMLoss`
+    (loss/loss_utils.py): `logits.float()`, cross_entropy keeps the fp32 log-softmax (b·s, V),
+    the int64 targets (`nn.functional.pad(labels, (0, 1))[..., 1:]`: the padded storage of
+    s + 1 ids when b = 1, a b·s copy otherwise) and a 0-dim fp32 total weight.
+    """
+    _check(model, impl, seq_len, micro_batch)
+    resid, c = dtype_bytes(impl)
+    s, h, tokens = seq_len, model.hidden_size, seq_len * micro_batch
+    out = {"embedding.token_ids": tokens * INDEX_BYTES}
+    if model.position == "learned":
+        out["embedding.position_ids"] = s * INDEX_BYTES
+    else:
+        out["rotary.cos_sin"] = 2 * s * model.head_size * resid
+    if model.dropout and model.position == "learned":
+        out["embedding.dropout_mask"] = tokens * h * _mask_bytes(impl, resid)
+    if model.final_norm:
+        out |= _norm("final_norm", model, tokens, impl)
+    out["head.input"] = tokens * h * c
+    if _autocast(impl):
+        out["autocast.head_weight_cast"] = model.vocab_size * h * c
+    out["loss.log_softmax"] = tokens * model.vocab_size * FP32_BYTES
+    # labels padded to s + 1 then `[..., 1:]`: a view (s + 1 ids) when b = 1, a copy when b > 1
+    out["loss.targets"] = tokens * INDEX_BYTES + (micro_batch == 1) * INDEX_BYTES
+    out["loss.total_weight"] = FP32_BYTES
+    return out
+
+
+def model_saved_bytes(model: ModelSpec, impl: Implementation, seq_len: int, micro_batch,
+                      num_layers: int | None = None) -> int:
+    """A whole single-GPU transformers forward: num_layers blocks (default the model's) + the
+    outside extras. Megatron's stages have their own account (activations.stage_activations)."""
+    if impl.name == "megatron":
+        raise PlanInputError("implementation", "megatron's per-stage extras live in "
+                             "activations.stage_activations; model_saved_bytes covers hf-*")
+    n = model.num_layers if num_layers is None else num_layers
+    block = sum(block_saved_bytes(model, impl, seq_len, micro_batch).values())
+    return n * block + sum(hf_outside_saved_bytes(model, impl, seq_len, micro_batch).values())
