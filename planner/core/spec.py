@@ -147,6 +147,33 @@ class ModelSpec(Frozen):
 # --------------------------------------------------------------------------- hardware
 
 
+class GemmPoint(Frozen):
+    """Achieved fraction of the dense peak of one GEMM shape (m x k) @ (k x n), measured by
+    `zplan calibrate hardware` (planner/calibrate/hardware.py)."""
+
+    dtype: Literal["fp32", "tf32", "fp16", "bf16", "fp8"]
+    m: int
+    n: int
+    k: int
+    efficiency: float
+    source: str
+
+
+class CollectivePoint(Frozen):
+    """One collective fitted to t(bytes) = latency + bytes / algbw, measured through
+    torch.distributed by `zplan calibrate hardware`. `bus_gb_per_s` is nccl-tests' bus bandwidth
+    (NVIDIA/nccl-tests doc/PERFORMANCE.md: busbw = algbw x 2(n-1)/n for all-reduce, x (n-1)/n for
+    all-gather / reduce-scatter / all-to-all, x 1 for send/recv), `bytes` being nccl-tests' size."""
+
+    op: Literal["all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv"]
+    level: Literal["intra", "inter"]
+    """`intra`: ranks within one node; `inter`: one rank per node, across nodes."""
+    ranks: int = Field(gt=0)
+    latency_us: float = Field(ge=0)
+    bus_gb_per_s: float = Field(gt=0)
+    source: str
+
+
 class GpuSpec(Frozen):
     """One accelerator. Every number has a `sources` entry (vendor sheet)."""
 
@@ -168,6 +195,9 @@ class GpuSpec(Frozen):
     """Fraction of dense peak a published end-to-end training run reached on this GPU, counting
     the FLOPs it executed (recompute included, as the seed's k = 8 does): the default utilisation
     of `zplan budget`, which has no layout to run the step-time model on."""
+    gemm_efficiency: tuple[GemmPoint, ...] = ()
+    """Achieved fraction of dense peak by GEMM shape (each point carries its own source); written
+    by `zplan calibrate hardware`, empty in vendor-only profiles."""
     sources: dict[str, str]
     """Citation for each numeric field, keyed by field name."""
 
@@ -221,6 +251,8 @@ class NodeSpec(Frozen):
     """Aggregate NVMe write bandwidth per node, GB/s."""
     cpu_adam_params_per_s: float = Field(default=1e9, gt=0)
     """Optimizer step throughput of the host CPUs for offloaded Adam, parameters per second."""
+    collectives: tuple[CollectivePoint, ...] = ()
+    """Measured intra-node collectives (`zplan calibrate hardware`), each with its own source."""
     sources: dict[str, str]
     """Citation for each numeric field, keyed by field name."""
 
@@ -263,6 +295,8 @@ class ClusterSpec(Frozen):
     """Network bandwidth per node per direction (sum of its NICs), GB/s."""
     inter_node_latency_us: float = Field(ge=0)
     """Latency of one inter-node message, microseconds."""
+    collectives: tuple[CollectivePoint, ...] = ()
+    """Measured inter-node collectives (`zplan calibrate hardware` under torchrun), with sources."""
     sources: dict[str, str]
     """Citation for each numeric field, keyed by field name."""
 
