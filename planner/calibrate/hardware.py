@@ -30,6 +30,23 @@ CUDA_GEMM_GRID = (256, 1024, 4096, 16384)
 CPU_KERNEL_BYTES = tuple(4096 * 4**i for i in range(9))  # 4 KiB .. 256 MiB of input
 CUDA_KERNEL_BYTES = tuple(4096 * 4**i for i in range(11))  # 4 KiB .. 4 GiB
 NORM_WIDTH = 1024
+KERNEL_KINDS = ("copy", "elementwise", "transcendental", "random", "reduction", "norm", "softmax")
+
+
+CLOCKS = {"wall": time.perf_counter, "thread": time.thread_time}
+_clock = ["wall"]
+
+
+def use_clock(name: str) -> None:
+    """`wall` (perf_counter, the default) or `thread` (this thread's CPU time: on a shared CPU
+    machine with one thread per rank it leaves out the time other processes held the core)."""
+    if name not in CLOCKS:
+        raise PlanInputError("clock", f"{name}: one of {', '.join(CLOCKS)}")
+    _clock[0] = name
+
+
+def now() -> float:
+    return CLOCKS[_clock[0]]()
 
 
 def sync(device: torch.device) -> None:
@@ -43,10 +60,10 @@ def median_seconds(fn: Callable[[], object], device: torch.device, reps: int) ->
     times = []
     for _ in range(reps):
         sync(device)
-        start = time.perf_counter()
+        start = now()
         fn()
         sync(device)
-        times.append(time.perf_counter() - start)
+        times.append(now() - start)
     return statistics.median(times)
 
 
@@ -78,7 +95,9 @@ def gemm_points(dtype: str, seconds: dict[tuple[int, int, int], float], peak_flo
 
 
 def _kernel(kind: str, numel: int, device: torch.device) -> tuple[Callable[[], object], int]:
-    """The kernel of `kind` on `numel` fp32 elements, and the bytes it reads plus writes."""
+    """The kernel of `kind` on `numel` fp32 elements, and the bytes it reads plus writes.
+    On a GPU all of these are memory-bound; on a CPU `transcendental` (GELU: erf) and `random`
+    (dropout: a Bernoulli draw per element) are bound by arithmetic, hence their own curves."""
     x = torch.randn(numel, device=device)
     elem = x.element_size()
     if kind == "copy":
@@ -87,7 +106,13 @@ def _kernel(kind: str, numel: int, device: torch.device) -> tuple[Callable[[], o
     if kind == "elementwise":
         z = torch.randn(numel, device=device)
         return (lambda: torch.add(x, z)), 3 * numel * elem
+    if kind == "transcendental":
+        return (lambda: F.gelu(x)), 2 * numel * elem
+    if kind == "random":
+        return (lambda: torch.native_dropout(x, 0.1, True)), 2 * numel * elem + numel
     rows = x.view(-1, min(NORM_WIDTH, numel))
+    if kind == "reduction":
+        return (lambda: rows.sum(-1)), (numel + rows.shape[0]) * elem
     if kind == "norm":
         w = torch.ones(rows.shape[-1], device=device)
         return (lambda: F.layer_norm(rows, (rows.shape[-1],), w, w)), 2 * numel * elem
@@ -112,10 +137,10 @@ def kernel_curve(kind: str, sizes_bytes: Iterable[int], device: torch.device,
 def view_op_seconds(device: torch.device, calls: int = 2000) -> float:
     """Mean time of one aliasing op (`t()`), which moves no data: the dispatch cost."""
     x = torch.randn(8, 8, device=device)
-    start = time.perf_counter()
+    start = now()
     for _ in range(calls):
         x.t()
-    return (time.perf_counter() - start) / calls
+    return (now() - start) / calls
 
 
 OPTIMIZER_SHAPES = ((1, 4_000_000), (8, 250_000), (64, 16_000), (512, 1_000), (256, 16_000))

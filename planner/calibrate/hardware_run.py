@@ -44,6 +44,8 @@ class HardwareConfig(Frozen):
     file_bytes: int = 256 * 2**20
     peak_flops_per_s: dict[str, float] = {}
     peak_source: str = ""
+    clock: str = "wall"
+    """`wall` or `thread` (CPU time of the calling thread; see hardware.use_clock)."""
     stall_rank: int | None = None
     stall_s: float = 0.0
 
@@ -96,7 +98,7 @@ def measure_device(cfg: HardwareConfig, device: torch.device, tick: Tick) -> dic
     """Every part of one rank's device, as HardwareParts fields."""
     gemm, peaks, peak_source = gemm_table(cfg, device, tick)
     kernels = tuple(hw.kernel_curve(kind, kernel_sizes(cfg, device), device, lambda: tick("kernels"))
-                    for kind in ("copy", "elementwise", "norm", "softmax"))
+                    for kind in hw.KERNEL_KINDS)
     optimizer = hw.optimizer_fit(device)
     tick("optimizer")
     copies = hw.host_device_bytes_per_s(device)
@@ -109,7 +111,7 @@ def measure_device(cfg: HardwareConfig, device: torch.device, tick: Tick) -> dic
 
 
 def total_ticks(cfg: HardwareConfig, device: torch.device) -> int:
-    return grid_size(cfg, device) + 4 * len(kernel_sizes(cfg, device)) + 2
+    return grid_size(cfg, device) + len(hw.KERNEL_KINDS) * len(kernel_sizes(cfg, device)) + 2
 
 
 def stamp(device: torch.device, threads: int, world: int, nodes: int) -> dict:
@@ -117,7 +119,8 @@ def stamp(device: torch.device, threads: int, world: int, nodes: int) -> dict:
     return {"host": socket.gethostname(), "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
             "zplan_version": __version__, "torch_version": torch.__version__, "device": name,
             "backend": "nccl" if device.type == "cuda" else "gloo", "threads_per_rank": threads,
-            "world_size": world, "num_nodes": nodes, "cpu_memory_bytes": hw.cpu_memory_bytes()}
+            "world_size": world, "num_nodes": nodes, "cpu_memory_bytes": hw.cpu_memory_bytes(),
+            "clock": hw._clock[0]}
 
 
 def collective_cfg(cfg: HardwareConfig, device: torch.device, threads: int) -> dict:
@@ -128,6 +131,7 @@ def collective_cfg(cfg: HardwareConfig, device: torch.device, threads: int) -> d
 
 def check_config(cfg: HardwareConfig) -> None:
     """Input errors before anything is measured."""
+    hw.use_clock(cfg.clock)
     if cfg.file_path is not None:
         hw.check_file_path(cfg.file_path)
     for dtype in cfg.dtypes:

@@ -12,7 +12,7 @@ from typing import Literal
 from planner.calibrate.fits import AlphaBeta, bus_factor, interp_loglog
 from planner.core.spec import Frozen, GemmPoint
 
-KernelKind = Literal["copy", "elementwise", "norm", "softmax"]
+KernelKind = Literal["copy", "elementwise", "transcendental", "random", "reduction", "norm", "softmax"]
 
 
 class KernelCurve(Frozen):
@@ -81,6 +81,8 @@ class HardwareParts(Frozen):
     """`cpu` or the CUDA device name."""
     backend: Literal["gloo", "nccl"]
     threads_per_rank: int
+    clock: Literal["wall", "thread"] = "wall"
+    """How the device parts were timed: wall time, or the calling thread's CPU time."""
     """torch intra-op threads of each rank (CPU: one rank is this many cores)."""
     world_size: int
     num_nodes: int
