@@ -93,7 +93,8 @@ def _reps(num_bytes: int) -> int:
 
 def measure_group(level: str, group, sizes: tuple[int, ...], ops: tuple[str, ...],
                   device: torch.device, progress=None) -> list[CollectiveFit]:
-    """Every op at every size on `group`, fitted; `progress(op, size)` after each point."""
+    """Every op at every size on `group`, fitted on the group's first rank (None elsewhere);
+    `progress(op, size)` after each point."""
     ranks = dist.get_world_size(group)
     fits = []
     for op in ops:
@@ -102,9 +103,19 @@ def measure_group(level: str, group, sizes: tuple[int, ...], ops: tuple[str, ...
             _guard(op, size, lambda: times.append(time_op(op, size, group, device, _reps(size))))
             if progress:
                 progress(op, size)
-        fits.append(CollectiveFit(op=op, level=level, ranks=ranks, sizes_bytes=tuple(map(float, sizes)),
-                                  times_s=tuple(times), fit=fit_alpha_beta(sizes, times)))
+        if dist.get_rank(group) == 0:
+            fits.append(_fitted(op, level, ranks, sizes, times))
     return fits
+
+
+def _fitted(op: str, level: str, ranks: int, sizes, times) -> CollectiveFit:
+    try:
+        fit = fit_alpha_beta(sizes, times)
+    except ValueError:
+        raise PlanInputError("max-message-bytes", f"{op} times do not grow with size over {sizes[0]}-{sizes[-1]} B "
+                             "(latency-bound or noisy): measure larger messages") from None
+    return CollectiveFit(op=op, level=level, ranks=ranks, sizes_bytes=tuple(map(float, sizes)),
+                         times_s=tuple(times), fit=fit)
 
 
 class CollectiveFailed(RuntimeError):
@@ -208,11 +219,18 @@ def spawned_worker(rank: int, world: int, store_dir: str, cfg: dict) -> None:
         if rank == 0:
             Path(store_dir, "fits.json").write_text(json.dumps([f.model_dump() for f in fits]))
     except CollectiveFailed as err:
-        Path(store_dir, f"error-rank{rank}.json").write_text(
-            json.dumps({"op": err.op, "size": err.size, "message": err.message}))
-        raise SystemExit(3) from None
+        _report(store_dir, rank, {"op": err.op, "size": err.size, "message": err.message})
+    except PlanInputError as err:
+        _report(store_dir, rank, {"field": err.field, "message": err.message})
+    except Exception as err:  # noqa: BLE001 - reported to the parent, which raises
+        _report(store_dir, rank, {"message": f"{type(err).__name__}: {err}"})
     finally:
         dist.destroy_process_group()
+
+
+def _report(store_dir: str, rank: int, error: dict) -> None:
+    Path(store_dir, f"error-rank{rank}.json").write_text(json.dumps(error))
+    raise SystemExit(3)
 
 
 def _stderr_progress(rank: int, total: int):
@@ -252,6 +270,11 @@ def _failure(tmp: Path, timeout_s: float) -> Exception:
     errors = [json.loads(p.read_text()) for p in sorted(tmp.glob("error-rank*.json"))]
     if not errors:
         return RuntimeError("a calibration process died without reporting an error")
+    for e in errors:
+        if "field" in e:
+            return PlanInputError(e["field"], e["message"])
+        if "op" not in e:
+            return RuntimeError(e["message"])
     timed_out = [e for e in errors if "timed out" in e["message"].lower() or "timeout" in e["message"].lower()]
     first = (timed_out or errors)[0]
     if timed_out:

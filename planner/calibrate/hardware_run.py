@@ -35,7 +35,8 @@ class HardwareConfig(Frozen):
     device: str = "auto"
     dtypes: tuple[str, ...] = ("fp32",)
     gemm_grid: tuple[int, ...] | None = None
-    kernel_bytes: tuple[int, ...] | None = None
+    kernel_max_bytes: int | None = None
+    """Largest memory-bound kernel input (4 KiB upwards x4); default 256 MiB CPU, 4 GiB CUDA."""
     nproc: int = Field(default=2, ge=1)
     threads_per_rank: int | None = None
     max_message_bytes: int = 64 * 2**20
@@ -91,7 +92,13 @@ def grid_size(cfg: HardwareConfig, device: torch.device) -> int:
 
 
 def kernel_sizes(cfg: HardwareConfig, device: torch.device) -> tuple[int, ...]:
-    return cfg.kernel_bytes or (hw.CUDA_KERNEL_BYTES if device.type == "cuda" else hw.CPU_KERNEL_BYTES)
+    sizes = hw.CUDA_KERNEL_BYTES if device.type == "cuda" else hw.CPU_KERNEL_BYTES
+    if cfg.kernel_max_bytes is None:
+        return sizes
+    chosen = tuple(s for s in sizes if s <= cfg.kernel_max_bytes)
+    if len(chosen) < 2:
+        raise PlanInputError("kernel-max-bytes", f"must be at least {sizes[1]} (two sizes), got {cfg.kernel_max_bytes}")
+    return chosen
 
 
 def measure_device(cfg: HardwareConfig, device: torch.device, tick: Tick) -> dict:
