@@ -133,28 +133,36 @@ def _guard(op: str, size: int, fn) -> None:
         raise CollectiveFailed(op, size, " ".join(str(err).split())[:300]) from None
 
 
-def node_groups(world: int, local_world: int):
+def node_groups(world: int, local_world: int, timeout_s: float):
     """Every rank creates every group (torch.distributed.new_group's rule); returns this rank's
-    intra-node group and, with >= 2 nodes, the inter-node group of its local rank (else None)."""
+    intra-node group (the default group on one node) and, with >= 2 nodes, the inter-node group of
+    its local rank (else None). new_group does not inherit the default group's timeout (torch's
+    default is 30 min), so it is passed on."""
     rank = dist.get_rank()
     nodes = world // local_world
+    if nodes == 1:
+        return dist.group.WORLD, None
+    timeout = timedelta(seconds=timeout_s)
     intra = inter = None
     for node in range(nodes):
-        group = dist.new_group(list(range(node * local_world, (node + 1) * local_world)))
+        group = dist.new_group(list(range(node * local_world, (node + 1) * local_world)), timeout=timeout)
         if rank // local_world == node:
             intra = group
     if nodes >= 2:
         for local in range(local_world):
-            group = dist.new_group([node * local_world + local for node in range(nodes)])
+            group = dist.new_group([node * local_world + local for node in range(nodes)], timeout=timeout)
             if rank % local_world == local:
                 inter = group
     return intra, inter
 
 
-def measure_all_levels(sizes, ops, device, world: int, local_world: int, progress=None) -> list[CollectiveFit]:
-    """Intra-node on every node at once (node 0 reports), then inter-node on local rank 0's group."""
+def measure_all_levels(sizes, ops, device, world: int, local_world: int, timeout_s: float,
+                       progress=None, stall_s: float = 0.0) -> list[CollectiveFit]:
+    """Intra-node on every node at once (node 0 reports), then inter-node on local rank 0's group.
+    `stall_s`: this rank sleeps before the first collective (a straggler, for the timeout test)."""
     rank = dist.get_rank()
-    intra, inter = node_groups(world, local_world)
+    intra, inter = node_groups(world, local_world, timeout_s)
+    time.sleep(stall_s)
     fits = []
     if local_world >= 2:
         fits += measure_group("intra", intra, sizes, ops, device, progress)
@@ -212,10 +220,9 @@ def spawned_worker(rank: int, world: int, store_dir: str, cfg: dict) -> None:
     device = rank_device(rank, cfg["device"])
     init("nccl" if device.type == "cuda" else "gloo", cfg["timeout_s"], rank, world, store_dir)
     try:
-        if rank == cfg.get("stall_rank"):
-            time.sleep(cfg["stall_s"])
-        fits = measure_all_levels(tuple(cfg["sizes"]), tuple(cfg["ops"]), device, world, world,
-                                  _stderr_progress(rank, len(cfg["ops"]) * len(cfg["sizes"])))
+        stall = cfg["stall_s"] if rank == cfg.get("stall_rank") else 0.0
+        fits = measure_all_levels(tuple(cfg["sizes"]), tuple(cfg["ops"]), device, world, world, cfg["timeout_s"],
+                                  _stderr_progress(rank, len(cfg["ops"]) * len(cfg["sizes"])), stall)
         if rank == 0:
             Path(store_dir, "fits.json").write_text(json.dumps([f.model_dump() for f in fits]))
     except CollectiveFailed as err:

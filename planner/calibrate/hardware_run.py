@@ -175,7 +175,7 @@ def calibrate_torchrun(cfg: HardwareConfig, env: dict[str, int], tick: Tick) -> 
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", FutureWarning)
             fits = coll.measure_all_levels(tuple(c["sizes"]), tuple(c["ops"]), device, world, local_world,
-                                           coll._stderr_progress(env["RANK"], len(c["ops"]) * len(c["sizes"]) * (1 + (world > local_world))))
+                                           cfg.timeout_s, coll._stderr_progress(env["RANK"], len(c["ops"]) * len(c["sizes"]) * (1 + (world > local_world))))
     except coll.CollectiveFailed as err:
         raise PlanInputError("timeout-s" if "time" in err.message.lower() else "collectives", str(err)) from None
     finally:
