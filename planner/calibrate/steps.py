@@ -34,8 +34,11 @@ class Measured(Frozen):
     communication_s: float
 
     @property
-    def compute_s(self) -> float:
-        return self.forward_backward_s - self.communication_s
+    def compute_s(self) -> float | None:
+        """Forward + backward minus the profiler's communication; None when the collective
+        records (which run on the backend's threads, overlapping) add up to more than that."""
+        rest = self.forward_backward_s - self.communication_s
+        return rest if rest >= 0 else None
 
 
 def _wrap(cfg: StepConfig, net: torch.nn.Module):

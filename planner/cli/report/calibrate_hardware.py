@@ -11,6 +11,10 @@ def _pct(predicted: float, measured: float) -> str:
     return f"{(predicted - measured) / measured * 100:+.1f} %" if measured > 0 else "n/a"
 
 
+def _ms(seconds: float | None) -> str:
+    return "n/a" if seconds is None else f"{seconds * 1e3:.1f}"
+
+
 def step_rows(steps: list[dict]) -> list[dict]:
     """Per configuration: predicted and measured seconds per term, and the step's error."""
     rows = []
@@ -80,7 +84,7 @@ def steps_table(steps: list[dict]) -> Table:
         p, m = r["predicted"], r["measured"]
         table.add_row(r["name"], f"{p['step_s'] * 1e3:.1f}", f"{m['step_s'] * 1e3:.1f}",
                       f"{r['step_error_pct']:+.1f} %",
-                      f"{p['compute_s'] * 1e3:.1f} / {m['compute_s'] * 1e3:.1f}",
+                      f"{p['compute_s'] * 1e3:.1f} / {_ms(m['compute_s'])}",
                       f"{p['communication_s'] * 1e3:.1f} / {m['communication_s'] * 1e3:.1f}",
                       f"{p['optimizer_s'] * 1e3:.1f} / {m['optimizer_s'] * 1e3:.1f}")
     return table
