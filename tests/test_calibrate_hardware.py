@@ -255,3 +255,19 @@ def test_a_collective_that_times_out_is_exit_2(zplan, tmp_path: Path) -> None:
                  "--timeout-s", "2", "--stall-rank", "1", "--stall-s", "20", "--out", str(tmp_path / "p"))
     _one_line_exit_2(proc, "timeout-s")
     assert not (tmp_path / "p").exists()  # nothing written
+
+
+def test_ddp_communication_is_the_alpha_beta_of_its_one_bucket() -> None:
+    from planner.calibrate.config import scaled_model
+    from planner.calibrate.predict import StepConfig, communication_seconds
+    from planner.io.loading import load_model
+
+    spec = scaled_model(load_model("gpt2"), layers=1, hidden=8, heads=2, ffn=16, vocab=10, kv_heads=None)
+    # parameters by hand: tokens 10·8 = 80, positions 1024·8 = 8192 (GPT-2's max_seq_len rows),
+    # block: 2 LayerNorms 2·16, Q K V 3·(64 + 8), O 72, fc1 8·16 + 16 = 144, fc2 16·8 + 8 = 136
+    # = 600, final LayerNorm 16, tied head 0: 8888 fp32 = 35552 bytes < the 1 MiB first bucket
+    cfg = StepConfig(name="t", model=spec, seq_len=4, micro_batch=1, strategy="ddp", nproc=2)
+    # one all-reduce: α + bytes / algbw = 100 µs + 35552 / 2e9 s = 117.776 µs
+    assert communication_seconds(cfg, _parts()) == pytest.approx(117.776e-6, rel=1e-9)
+    single = StepConfig(name="t", model=spec, seq_len=4, micro_batch=1, strategy="single", nproc=1)
+    assert communication_seconds(single, _parts()) == 0.0
