@@ -271,3 +271,25 @@ def test_ddp_communication_is_the_alpha_beta_of_its_one_bucket() -> None:
     assert communication_seconds(cfg, _parts()) == pytest.approx(117.776e-6, rel=1e-9)
     single = StepConfig(name="t", model=spec, seq_len=4, micro_batch=1, strategy="single", nproc=1)
     assert communication_seconds(single, _parts()) == 0.0
+
+
+def test_under_torchrun_rank_0_writes_a_loadable_profile(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    from conftest import PACKAGE_PARENT
+
+    env = {**os.environ, "PYTHONPATH": str(PACKAGE_PARENT)}
+    out = tmp_path / "profiles"
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+         "-m", "planner", "calibrate", "hardware", "--grid", "16,32", "--kernel-max-bytes", "16384",
+         "--max-message-bytes", "1048576", "--out", str(out), "--name", "tr", "--json"],
+        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=280)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    node = load_node("tr-node2", [out])  # WORLD_SIZE 2 on one node (LOCAL_WORLD_SIZE 2)
+    assert node.gpus_per_node == 2
+    assert sorted(c.op for c in node.collectives) == sorted(
+        ["all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv"])
+    assert all(c.ranks == 2 and c.level == "intra" for c in node.collectives)
+    assert len(load_gpu("tr", [out]).gemm_efficiency) == 8  # 2 x 2 x 2 grid, written once (rank 0)
