@@ -293,3 +293,13 @@ def test_under_torchrun_rank_0_writes_a_loadable_profile(tmp_path: Path) -> None
         ["all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv"])
     assert all(c.ranks == 2 and c.level == "intra" for c in node.collectives)
     assert len(load_gpu("tr", [out]).gemm_efficiency) == 8  # 2 x 2 x 2 grid, written once (rank 0)
+
+
+@pytest.mark.parametrize(("args", "field"), [
+    (["--gpu", "a100-80gb", "--device", "cpu"], "gpu"),
+    (["--dtype", "fp8", "--device", "cpu"], "dtype"),
+    (["--grid", "64", "--device", "cpu"], "grid"),
+    (["--max-message-bytes", "100", "--device", "cpu"], "max-message-bytes"),
+])
+def test_other_bad_hardware_options_are_exit_2(zplan, args, field) -> None:
+    _one_line_exit_2(zplan("calibrate", "hardware", *args), field)

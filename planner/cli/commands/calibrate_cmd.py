@@ -215,6 +215,9 @@ def hardware(
     from planner.calibrate.hardware_run import HardwareConfig
 
     env = _torchrun_or_none()
+    if gpu is not None and _runs_on_cpu(device):
+        raise PlanInputError("gpu", f"--gpu {gpu} gives a GPU's peak, but this run is on the CPU; "
+                             "use --peak-tflops for a CPU peak, or neither (the best measured GEMM)")
     cfg = HardwareConfig(
         device=device, dtypes=tuple(dtype or _default_dtypes(device)), gemm_grid=_grid(grid), nproc=nproc,
         threads_per_rank=threads, max_message_bytes=max_message_bytes, kernel_max_bytes=kernel_max_bytes, timeout_s=timeout_s,
