@@ -3,6 +3,13 @@
 The only package that imports torch. Importing `planner.calibrate` itself does not import torch,
 so `torch_available()` can be asked first; the sub-modules (models, measure, train, run,
 distributed) import torch at the top.
+
+`zplan calibrate hardware`: hardware.py (GEMM / kernel / Adam / copy / file micro-benchmarks),
+collectives.py (torch.distributed timings, spawn or torchrun), hardware_run.py (one run of all
+parts), predict.py (a step predicted from the parts), steps.py (the same step measured),
+heldout.py (the configurations predicted). Torch-free: fits.py (α–β fit, nccl-tests bus
+factors, table look-ups), parts.py (what was measured), profile_file.py (profile YAML, merge,
+lock, atomic write).
 """
 
 from __future__ import annotations

@@ -266,14 +266,30 @@ def _check_mla(model: ModelSpec) -> None:
 
 
 class GemmPoint(Frozen):
-    """One measured GEMM: C[m x n] = A[m x k] · B[k x n] in `dtype` ran at `efficiency` x the GPU's
-    dense peak for that dtype (planner.timing.gemm interpolates between points)."""
+    """One GEMM C[m x n] = A[m x k] · B[k x n] in `dtype` that ran at `efficiency` x the GPU's
+    dense peak for that dtype: a published measurement, or one made by `zplan calibrate hardware`
+    (planner/calibrate/hardware.py). planner.timing.gemm interpolates between points."""
 
     dtype: Literal["fp32", "tf32", "fp16", "bf16", "fp8"]
     m: int
     n: int
     k: int
     efficiency: float
+    source: str
+
+
+class CollectivePoint(Frozen):
+    """One collective fitted to t(bytes) = latency + bytes / algbw, measured through
+    torch.distributed by `zplan calibrate hardware`. `bus_gb_per_s` is nccl-tests' bus bandwidth
+    (NVIDIA/nccl-tests doc/PERFORMANCE.md: busbw = algbw x 2(n-1)/n for all-reduce, x (n-1)/n for
+    all-gather / reduce-scatter / all-to-all, x 1 for send/recv), `bytes` being nccl-tests' size."""
+
+    op: Literal["all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv"]
+    level: Literal["intra", "inter"]
+    """`intra`: ranks within one node; `inter`: one rank per node, across nodes."""
+    ranks: int = Field(gt=0)
+    latency_us: float = Field(ge=0)
+    bus_gb_per_s: float = Field(gt=0)
     source: str
 
 
@@ -299,8 +315,9 @@ class GpuSpec(Frozen):
     the FLOPs it executed (recompute included, as the seed's k = 8 does): the default utilisation
     of `zplan budget`, which has no layout to run the step-time model on."""
     gemm_efficiency: tuple[GemmPoint, ...] = ()
-    """Measured GEMM efficiencies by shape and dtype, each with its own source (the step model's
-    per-GEMM efficiency, planner.timing.gemm); empty when no public measurement was found."""
+    """Achieved GEMM efficiencies by shape and dtype, each point with its own source (the step
+    model's per-GEMM efficiency, planner.timing.gemm): published measurements in the shipped
+    profiles, measured ones from `zplan calibrate hardware`; empty when none is known."""
     usable_memory_gib: float | None = Field(default=None, gt=0)
     """Device memory CUDA reports to a process as the total, GiB as PyTorch prints it (two
     decimals): `torch.cuda.mem_get_info()[1]`, the "total capacity" of PyTorch's OOM message and
@@ -374,6 +391,8 @@ class NodeSpec(Frozen):
     """Aggregate NVMe write bandwidth per node, GB/s."""
     cpu_adam_params_per_s: float = Field(default=1e9, gt=0)
     """Optimizer step throughput of the host CPUs for offloaded Adam, parameters per second."""
+    collectives: tuple[CollectivePoint, ...] = ()
+    """Measured intra-node collectives (`zplan calibrate hardware`), each with its own source."""
     sources: dict[str, str]
     """Citation for each numeric field, keyed by field name."""
 
@@ -416,6 +435,8 @@ class ClusterSpec(Frozen):
     """Network bandwidth per node per direction (sum of its NICs), GB/s."""
     inter_node_latency_us: float = Field(ge=0)
     """Latency of one inter-node message, microseconds."""
+    collectives: tuple[CollectivePoint, ...] = ()
+    """Measured inter-node collectives (`zplan calibrate hardware` under torchrun), with sources."""
     sources: dict[str, str]
     """Citation for each numeric field, keyed by field name."""
 

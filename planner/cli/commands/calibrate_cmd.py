@@ -1,4 +1,6 @@
-"""`zplan calibrate`: run short real PyTorch training steps and compare them with the planner.
+"""`zplan calibrate`: run short real PyTorch training steps and compare them with the planner
+(`zplan calibrate model`, also what `zplan calibrate --model ...` runs), or measure this
+machine's hardware and write a calibrated profile (`zplan calibrate hardware`).
 
 torch is optional: without it the command prints how to install it and exits 2. torch is imported
 only inside the command body (directly, and through planner.calibrate.run / .distributed), never at
@@ -13,6 +15,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from typer.core import TyperGroup
 
 from planner.calibrate import INSTALL_HINT, torch_available
 from planner.calibrate.config import (
@@ -170,6 +173,186 @@ def _render(results, calibration, distributed, out, json_out: bool) -> None:
             report.render_distributed(distributed)
 
 
+_HW = "What to measure"
+_OUT = "Output"
+
+
+def _torchrun_or_none():
+    from planner.calibrate.collectives import torchrun_env
+
+    return torchrun_env()
+
+
+@input_errors_exit_2
+def hardware(
+    device: Annotated[str, typer.Option("--device", help="auto (CUDA if present), cpu, cuda, cuda:N.", rich_help_panel=_HW)] = "auto",
+    dtype: Annotated[list[str] | None, typer.Option("--dtype", help="GEMM dtype (repeatable): fp32, bf16, fp16. Default: fp32 on a CPU, bf16 and fp32 on CUDA.", rich_help_panel=_HW)] = None,
+    nproc: Annotated[int, typer.Option("--nproc", min=1, help="Local processes for the collectives and the distributed steps (ignored under torchrun).", rich_help_panel=_HW)] = 2,
+    threads: Annotated[int | None, typer.Option("--threads-per-rank", min=1, help="torch threads per rank (CPU default: cores / ranks per node).", rich_help_panel=_HW)] = None,
+    grid: Annotated[str | None, typer.Option("--grid", help="GEMM sizes for m, n and k, comma-separated (CPU default 32,128,512,2048; CUDA 256,1024,4096,16384).", rich_help_panel=_HW)] = None,
+    max_message_bytes: Annotated[int, typer.Option("--max-message-bytes", min=1, help="Largest collective message (1 KiB upwards x4). CPU default 64 MiB; use 2**30 on GPUs.", rich_help_panel=_HW)] = 64 * 2**20,
+    kernel_max_bytes: Annotated[int | None, typer.Option("--kernel-max-bytes", min=1, help="Largest memory-bound kernel input (4 KiB upwards x4); default 256 MiB on a CPU, 4 GiB on CUDA.", rich_help_panel=_HW)] = None,
+    timeout_s: Annotated[float, typer.Option("--timeout-s", min=0.001, help="A collective not done within this is an error (exit 2).", rich_help_panel=_HW)] = 300.0,
+    nvme_path: Annotated[Path | None, typer.Option("--nvme-path", help="Directory on the NVMe / file system to time a file write (fsync) and read on.", rich_help_panel=_HW)] = None,
+    nvme_bytes: Annotated[int, typer.Option("--nvme-bytes", min=1, help="Size of that file.", rich_help_panel=_HW)] = 256 * 2**20,
+    gpu: Annotated[str | None, typer.Option("--gpu", help="GPU profile whose peak_tflops the GEMM efficiencies are fractions of (default: the best measured throughput).", rich_help_panel=_HW)] = None,
+    peak_tflops: Annotated[float | None, typer.Option("--peak-tflops", min=0, help="Dense peak TFLOP/s of this device, for every --dtype.", rich_help_panel=_HW)] = None,
+    clock: Annotated[str, typer.Option("--clock", help="wall, or thread: each rank's CPU time (a shared CPU machine; one thread per rank).", rich_help_panel=_HW)] = "wall",
+    predict: Annotated[bool, typer.Option("--predict/--no-predict", help="Then predict and measure held-apart training steps (DDP, ZeRO-1, FSDP2; CPU only).", rich_help_panel=_HW)] = True,
+    name: Annotated[str | None, typer.Option("--name", help="Profile name (default: device and host).", rich_help_panel=_OUT)] = None,
+    out: Annotated[Path | None, typer.Option("--out", help="Profiles directory: writes/merges gpus/NAME.yaml, nodes/NAME-nodeN.yaml (and clusters/ under torchrun with >= 2 nodes); use it with --profiles.", rich_help_panel=_OUT)] = None,
+    profiles: opt.ProfilesOpt = None,
+    json_out: opt.JsonOpt = False,
+    stall_rank: Annotated[int | None, typer.Option("--stall-rank", hidden=True)] = None,
+    stall_s: Annotated[float, typer.Option("--stall-s", hidden=True)] = 0.0,
+) -> None:
+    """Measure this machine: GEMMs by shape, memory-bound kernels, the optimizer, collectives
+    (alpha-beta, nccl-tests bus bandwidth), host<->device and file I/O; write a calibrated
+    profile; predict held-apart training steps from the parts and measure them."""
+    if not torch_available():
+        print(f"zplan: error: {INSTALL_HINT}", file=sys.stderr)
+        raise typer.Exit(EXIT_BAD_INPUT)
+    from planner.calibrate.hardware_run import HardwareConfig
+
+    env = _torchrun_or_none()
+    if gpu is not None and _runs_on_cpu(device):
+        raise PlanInputError("gpu", f"--gpu {gpu} gives a GPU's peak, but this run is on the CPU; "
+                             "use --peak-tflops for a CPU peak, or neither (the best measured GEMM)")
+    cfg = HardwareConfig(
+        device=device, dtypes=tuple(dtype or _default_dtypes(device)), gemm_grid=_grid(grid), nproc=nproc,
+        threads_per_rank=threads, max_message_bytes=max_message_bytes, kernel_max_bytes=kernel_max_bytes, timeout_s=timeout_s,
+        file_path=nvme_path, file_bytes=nvme_bytes, clock=clock, stall_rank=stall_rank, stall_s=stall_s,
+        **_peaks(gpu, peak_tflops, dtype or _default_dtypes(device), opt.extra_dirs(profiles)))
+    parts = _measure(cfg, env, quiet=json_out)
+    if parts is None:  # a torchrun rank other than 0
+        return
+    written = _write(parts, out, name)
+    steps = _predict(parts, nproc) if predict and parts.device == "cpu" and env is None else []
+    _render_hardware(parts, written, steps, json_out)
+
+
+def _default_dtypes(device: str) -> list[str]:
+    import torch
+
+    on_cuda = device.startswith("cuda") or (device == "auto" and torch.cuda.is_available())
+    return ["bf16", "fp32"] if on_cuda else ["fp32"]
+
+
+def _grid(text: str | None) -> tuple[int, ...] | None:
+    if text is None:
+        return None
+    try:
+        sizes = tuple(sorted({int(v) for v in text.split(",")}))
+    except ValueError:
+        raise PlanInputError("grid", f"{text!r}: comma-separated whole numbers, e.g. 64,256,1024") from None
+    if len(sizes) < 2 or sizes[0] < 1:
+        raise PlanInputError("grid", f"{text!r}: at least two positive sizes")
+    return sizes
+
+
+def _peaks(gpu, peak_tflops, dtypes, dirs) -> dict:
+    """The peak each dtype's efficiencies are fractions of: --peak-tflops, --gpu's profile, or none."""
+    if peak_tflops:
+        return {"peak_flops_per_s": {d: peak_tflops * 1e12 for d in dtypes},
+                "peak_source": f"--peak-tflops {peak_tflops:g} given by the user"}
+    if gpu is None:
+        return {}
+    from planner.io.loading import load_gpu
+
+    profile = load_gpu(gpu, dirs)
+    peaks = {d: profile.peak_flops_per_s(d) for d in dtypes if d in profile.peak_tflops}
+    return {"peak_flops_per_s": peaks,
+            "peak_source": f"peak_tflops of the {gpu} profile: {profile.sources.get('peak_tflops', '')}"}
+
+
+def _measure(cfg, env, quiet: bool):
+    from rich.progress import Progress
+
+    from planner.calibrate.hardware_run import calibrate_local, calibrate_torchrun, pick, total_ticks
+    from planner.cli.report import human_console
+
+    show = not quiet and (env is None or env["RANK"] == 0)
+    with Progress(console=human_console(), transient=True, disable=not show) as progress:
+        task = progress.add_task("device parts", total=total_ticks(cfg, pick(cfg.device) if env is None else
+                                                                   _env_device(cfg, env)))
+
+        def tick(what: str) -> None:
+            progress.update(task, advance=1, description=f"device parts: {what}")
+
+        if env is None:
+            return calibrate_local(cfg, tick)
+        return calibrate_torchrun(cfg, env, tick)
+
+
+def _env_device(cfg, env):
+    import torch
+
+    on_cuda = cfg.device != "cpu" and torch.cuda.is_available()
+    return torch.device("cuda", env["LOCAL_RANK"]) if on_cuda else torch.device("cpu")
+
+
+def _write(parts, out: Path | None, name: str | None) -> list[str]:
+    if out is None:
+        return []
+    from planner.calibrate.profile_file import slug, write_profiles
+
+    if out.exists() and not out.is_dir():
+        raise PlanInputError("out", f"{out} is a file; --out takes a profiles directory")
+    label = slug(name or f"{parts.device}-{parts.host}")
+    memory = parts.cpu_memory_bytes if parts.device == "cpu" else _device_memory_bytes()
+    return [str(p) for p in write_profiles(parts, out, label, memory)]
+
+
+def _device_memory_bytes() -> int:
+    import torch
+
+    return torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
+
+
+def _predict(parts, nproc: int) -> list[dict]:
+    from rich.progress import Progress
+
+    from planner.calibrate.heldout import step_configs
+    from planner.calibrate.predict import predict_step
+    from planner.calibrate.steps import measure_step
+    from planner.cli.report import human_console
+    from planner.io.loading import load_model
+
+    configs = step_configs(load_model("gpt2"), nproc)
+    rows = []
+    with Progress(console=human_console(), transient=True) as progress:
+        task = progress.add_task("held-apart steps", total=len(configs))
+        for cfg in configs:
+            predicted = predict_step(cfg, parts)
+            measured = measure_step(cfg, parts.threads_per_rank, clock=parts.clock)
+            rows.append({"config": cfg, "predicted": predicted, "measured": measured})
+            progress.advance(task)
+    return rows
+
+
+def _render_hardware(parts, written, steps, json_out: bool) -> None:
+    from planner.cli.report import calibrate_hardware as report
+
+    if json_out:
+        report.render_json(parts, written, steps)
+    else:
+        report.render_human(parts, written, steps)
+
+
+class _ModelByDefault(TyperGroup):
+    """`zplan calibrate --model ...` (no sub-command) keeps running `zplan calibrate model`."""
+
+    def parse_args(self, ctx, args):
+        if args and args[0] not in self.commands and args[0] not in ("--help", "-h"):
+            args = ["model", *args]
+        return super().parse_args(ctx, args)
+
+
 def register(app: typer.Typer) -> None:
-    """Add `zplan calibrate` to the app."""
-    app.command("calibrate")(calibrate)
+    """Add `zplan calibrate` (`model`, the default, and `hardware`) to the app."""
+    group = typer.Typer(cls=_ModelByDefault, no_args_is_help=True, add_completion=False,
+                        help="Real PyTorch runs: `model` (the default) checks the planner against a "
+                             "training run; `hardware` measures this machine into a profile.")
+    group.command("model")(calibrate)
+    group.command("hardware")(hardware)
+    app.add_typer(group, name="calibrate")

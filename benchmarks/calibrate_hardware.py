@@ -1,0 +1,83 @@
+"""Parts measured, whole predicted: `zplan calibrate hardware` on this CPU machine.
+
+1. Calibrate the parts (GEMM table, kernel curves, Adam, gloo collectives on 2 processes).
+2. Predict, from the parts only, the step time of the held-apart configurations of
+   planner/calibrate/heldout.py (two model sizes, micro-batches 1/2/4/8, 1 and 2 processes,
+   DDP / FSDP2 / ZeRO-1), then run them for real and print predicted vs measured per term.
+No efficiency or time of any of these steps is used to fit anything. Goal: step within 15 %.
+
+    python benchmarks/calibrate_hardware.py                  # wall clock (a quiet machine)
+    python benchmarks/calibrate_hardware.py --clock thread   # each rank's CPU time (a shared machine)
+    python benchmarks/calibrate_hardware.py --parts parts.json   # reuse saved parts, steps only
+
+Not a test: nothing asserts; a shared machine makes every figure noisy. Runtime ~2-5 min.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from planner.calibrate.hardware_run import HardwareConfig, calibrate_local  # noqa: E402
+from planner.calibrate.heldout import step_configs  # noqa: E402
+from planner.calibrate.parts import HardwareParts  # noqa: E402
+from planner.calibrate.predict import predict_step  # noqa: E402
+from planner.calibrate.steps import measure_step  # noqa: E402
+from planner.core.params import count_params  # noqa: E402
+from planner.io.loading import load_model  # noqa: E402
+
+
+def _parts(args) -> HardwareParts:
+    if args.parts and Path(args.parts).exists():
+        return HardwareParts.model_validate_json(Path(args.parts).read_text())
+    start = time.perf_counter()
+    parts = calibrate_local(HardwareConfig(device="cpu", nproc=2, clock=args.clock), lambda _what: None)
+    print(f"\nparts calibrated in {time.perf_counter() - start:.0f} s ({parts.threads_per_rank} thread/rank, "
+          f"clock={parts.clock}, host {parts.host}, {parts.date})")
+    if args.parts:
+        Path(args.parts).write_text(parts.model_dump_json(indent=1))
+    return parts
+
+
+def _ms(seconds: float | None) -> str:
+    return "n/a" if seconds is None else f"{seconds * 1e3:.1f}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--clock", choices=("wall", "thread"), default="wall")
+    parser.add_argument("--parts", help="JSON file of calibrated parts: read if it exists, else written")
+    args = parser.parse_args()
+    t0 = time.perf_counter()
+    parts = _parts(args)
+    ar = parts.collective("all_reduce", 2).fit
+    print(f"GEMM peak (best on grid) {parts.peak_flops_per_s['fp32'] / 1e9:.1f} GFLOP/s; copy "
+          f"{parts.kernel('copy').large_bytes_per_s / 1e9:.2f} GB/s; Adam {1 / parts.optimizer.per_element_s:.3g} "
+          f"params/s; all-reduce x2 alpha {ar.latency_s * 1e6:.0f} us, busbw {ar.bytes_per_s / 1e9:.2f} GB/s")
+    print("\n| configuration | params | step pred ms | step meas ms | error | compute p / m | comm p / m | optimizer p / m |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    errors = []
+    for cfg in step_configs(load_model("gpt2"), 2):
+        p = predict_step(cfg, parts)
+        m = measure_step(cfg, parts.threads_per_rank, clock=parts.clock)
+        err = (p.step_s - m.step_s) / m.step_s * 100
+        errors.append(abs(err))
+        print(f"| {cfg.name} | {count_params(cfg.model).total / 1e6:.1f} M | {_ms(p.step_s)} | {_ms(m.step_s)} | "
+              f"{err:+.1f} % | {_ms(p.compute_s)} / {_ms(m.compute_s)} | {_ms(p.communication_s)} / "
+              f"{_ms(m.communication_s)} | {_ms(p.optimizer_s)} / {_ms(m.optimizer_s)} |", flush=True)
+    print(f"\nmean |error| {sum(errors) / len(errors):.1f} %, max {max(errors):.1f} % "
+          f"(goal 15 %); total runtime {time.perf_counter() - t0:.0f} s")
+    print("measured comm: summed gloo records of torch.profiler (busy time on gloo's threads, may overlap "
+          "compute); measured compute = forward+backward - comm (n/a when the records add up to more)")
+    if parts.clock == "thread":
+        print("clock=thread: each rank's main-thread CPU time; a rank blocked waiting for a collective uses "
+              "none, so measured distributed steps leave out exposed communication (compare them with care)")
+
+
+if __name__ == "__main__":
+    main()

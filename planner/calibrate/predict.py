@@ -1,0 +1,255 @@
+"""Predict a training step's time from the measured parts, nothing fitted on the step itself.
+
+The model's operations come from running its forward and backward once on the `meta` device
+(shapes, no data, no time) under a dispatch mode that records every aten op:
+- `mm` / `addmm` / `bmm` / `baddbmm`: a GEMM of the real shape, timed from the measured
+  efficiency-by-shape table (`fits.gemm_seconds`, trilinear in log m, n, k);
+- ops returning a view of an input (`t`, `view`, `expand`, ...) and empty allocations: the
+  measured dispatch cost of one aliasing op;
+- every other op: bytes read + written timed on the measured curve of its kind (`copy`, `norm`,
+  `softmax`, `reduction`, `transcendental` (GELU, exp, rsqrt...), `random` (dropout's draw),
+  else `elementwise`): memory-bound on a GPU; on a CPU the last two are bound by arithmetic,
+  which their own curves measure.
+Communication is the fitted α–β of each collective the engine issues (below), the optimizer the
+fitted Adam time of this rank's tensors and elements. Terms add up: on a CPU, gloo's threads run
+on the cores the compute uses, so nothing is counted as overlapped (an assumption, stated).
+
+Engines, as torch 2.13 implements them:
+- DDP (torch/nn/parallel/distributed.py): gradients all-reduced in buckets of
+  `bucket_cap_mb` = 25 MiB, the first one `dist._DEFAULT_FIRST_BUCKET_BYTES` = 1 MiB, in
+  reverse parameter order; each gradient copied into its bucket and back (2 copies);
+- ZeRO-1 (torch/distributed/optim/zero_redundancy_optimizer.py): DDP's all-reduce, Adam on
+  this rank's partition (parameters assigned whole, greedily by size), then every parameter
+  broadcast from its owner (one broadcast per tensor, timed as a send/recv of its bytes);
+- FSDP2 (torch/distributed/fsdp/_fully_shard): per block an all-gather before forward and
+  again before backward (`reshard_after_forward=True`), a reduce-scatter of its gradients; the
+  root (embeddings, final norm) gathered once (the root is not resharded after forward); each
+  all-gather copies the gathered bytes out, each reduce-scatter copies the gradients in.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from typing import Literal
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+from planner.calibrate.fits import gemm_seconds
+from planner.calibrate.models import build_model
+from planner.calibrate.parts import HardwareParts
+from planner.core.spec import Frozen, ModelSpec
+
+Strategy = Literal["single", "ddp", "zero1", "fsdp2"]
+GEMM_OPS = {"mm", "addmm", "bmm", "baddbmm"}
+COPY_OPS = {"copy_", "_to_copy", "clone", "cat", "index_select", "embedding", "gather", "scatter_add"}
+NORM_OPS = {"native_layer_norm", "native_layer_norm_backward"}
+SOFTMAX_OPS = {"_softmax", "_softmax_backward_data", "_log_softmax", "_log_softmax_backward_data"}
+TRANSCENDENTAL_OPS = {"gelu", "gelu_backward", "tanh", "tanh_backward", "exp", "log", "erf", "rsqrt",
+                      "sqrt", "pow", "sigmoid", "silu", "silu_backward", "sin", "cos"}
+RANDOM_OPS = {"bernoulli_", "bernoulli", "native_dropout", "uniform_", "normal_"}
+REDUCTION_OPS = {"sum", "mean", "amax", "max", "var", "var_mean", "norm", "nll_loss_forward"}
+DDP_BUCKET_BYTES = 25 * 2**20  # torch/nn/parallel/distributed.py bucket_cap_mb default
+DDP_FIRST_BUCKET_BYTES = 2**20  # torch.distributed._DEFAULT_FIRST_BUCKET_BYTES
+
+
+class StepConfig(Frozen):
+    """One training configuration to predict and measure."""
+
+    name: str
+    model: ModelSpec
+    seq_len: int
+    micro_batch: int
+    strategy: Strategy
+    nproc: int
+
+
+class Inventory(Frozen):
+    """The ops of one forward + backward on one rank."""
+
+    gemms: tuple[tuple[int, int, int, int], ...]
+    """(batch, m, n, k) per GEMM call."""
+    kernels: tuple[tuple[str, int], ...]
+    """(kind, bytes read + written) per memory-bound op."""
+    views: int
+    """Aliasing ops and empty allocations."""
+
+
+class Prediction(Frozen):
+    """Predicted seconds per term of one step, with the FLOPs it covers."""
+
+    gemm_s: float
+    memory_bound_s: float
+    dispatch_s: float
+    communication_s: float
+    optimizer_s: float
+
+    @property
+    def compute_s(self) -> float:
+        return self.gemm_s + self.memory_bound_s + self.dispatch_s
+
+    @property
+    def step_s(self) -> float:
+        return self.compute_s + self.communication_s + self.optimizer_s
+
+
+def _tensors(tree) -> Iterator[torch.Tensor]:
+    return (t for t in tree_flatten(tree)[0] if isinstance(t, torch.Tensor))
+
+
+def _nbytes(tensors) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def _is_view(func) -> bool:
+    returns = func._schema.returns
+    return bool(returns) and all(r.alias_info is not None and not r.alias_info.is_write for r in returns)
+
+
+class OpRecorder(TorchDispatchMode):
+    """Records each aten op's shape class while the meta forward / backward runs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gemms: list[tuple[int, int, int, int]] = []
+        self.kernels: list[tuple[str, int]] = []
+        self.views = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        name = func._schema.name.split("::")[-1]
+        if name in GEMM_OPS:
+            a, b = (args[1], args[2]) if name in ("addmm", "baddbmm") else (args[0], args[1])
+            batch = a.shape[0] if a.dim() == 3 else 1
+            self.gemms.append((batch, a.shape[-2], b.shape[-1], a.shape[-1]))
+        elif _is_view(func) or name.startswith("empty") or name in ("detach", "lift_fresh"):
+            self.views += 1
+        else:
+            moved = _nbytes(_tensors((args, kwargs))) + _nbytes(_tensors(out))
+            self.kernels.append((_kind(name), moved))
+        return out
+
+
+def _kind(name: str) -> str:
+    if name in COPY_OPS:
+        return "copy"
+    if name in NORM_OPS:
+        return "norm"
+    if name in SOFTMAX_OPS:
+        return "softmax"
+    if name in TRANSCENDENTAL_OPS:
+        return "transcendental"
+    if name in RANDOM_OPS:
+        return "random"
+    if name in REDUCTION_OPS:
+        return "reduction"
+    return "elementwise"
+
+
+def inventory(model: ModelSpec, seq_len: int, micro_batch: int) -> Inventory:
+    """Forward + backward of `model` on `micro_batch` sequences, on the meta device."""
+    torch.manual_seed(0)
+    net = build_model(model, seq_len).to("meta")
+    tokens = torch.randint(0, model.vocab_size, (micro_batch, seq_len), device="meta")
+    recorder = OpRecorder()
+    with recorder:
+        net(tokens, tokens).backward()
+    return Inventory(gemms=tuple(recorder.gemms), kernels=tuple(recorder.kernels), views=recorder.views)
+
+
+def compute_seconds(inv: Inventory, parts: HardwareParts, dtype: str = "fp32") -> tuple[float, float, float]:
+    """(GEMM, memory-bound, dispatch) seconds of the inventory on the measured parts."""
+    peak = parts.peak_flops_per_s[dtype]
+    gemm = sum(b * gemm_seconds(parts.gemm, dtype, m, n, k, peak) for b, m, n, k in inv.gemms)
+    memory = sum(parts.kernel(kind).seconds(moved) for kind, moved in inv.kernels)
+    return gemm, memory, inv.views * parts.view_op_s
+
+
+def param_sizes(model: ModelSpec, seq_len: int) -> list[int]:
+    """Element counts of the model's parameter tensors, in registration order."""
+    with torch.device("meta"):
+        net = build_model(model, seq_len)
+    return [p.numel() for p in net.parameters()]
+
+
+def block_param_elements(model: ModelSpec, seq_len: int) -> tuple[list[int], int]:
+    """(elements of each block, elements outside the blocks: the FSDP2 root's)."""
+    with torch.device("meta"):
+        net = build_model(model, seq_len)
+    blocks = [sum(p.numel() for p in b.parameters()) for b in net.blocks]
+    return blocks, sum(p.numel() for p in net.parameters()) - sum(blocks)
+
+
+def ddp_buckets(sizes_bytes: list[int]) -> list[int]:
+    """Bucket bytes as DDP fills them: reverse parameter order, first bucket 1 MiB, then 25 MiB
+    (a tensor that overflows a bucket closes it)."""
+    buckets, current, cap = [], 0, DDP_FIRST_BUCKET_BYTES
+    for size in reversed(sizes_bytes):
+        current += size
+        if current >= cap:
+            buckets.append(current)
+            current, cap = 0, DDP_BUCKET_BYTES
+    return buckets + ([current] if current else [])
+
+
+def zero1_partition(sizes: list[int], ranks: int) -> list[list[int]]:
+    """ZeroRedundancyOptimizer._partition_parameters: tensors sorted by size (largest first),
+    each to the rank holding the fewest elements so far."""
+    shards: list[list[int]] = [[] for _ in range(ranks)]
+    for size in sorted(sizes, reverse=True):
+        min(shards, key=sum).append(size)
+    return shards
+
+
+def communication_seconds(cfg: StepConfig, parts: HardwareParts, elem_bytes: int = 4) -> float:
+    """Collectives of one step on `cfg.nproc` ranks from the fitted α–β."""
+    if cfg.nproc == 1 or cfg.strategy == "single":
+        return 0.0
+    sizes = [n * elem_bytes for n in param_sizes(cfg.model, cfg.seq_len)]
+    if cfg.strategy in ("ddp", "zero1"):
+        ar = parts.collective("all_reduce", cfg.nproc).fit
+        seconds = sum(ar.seconds(b) for b in ddp_buckets(sizes))
+        if cfg.strategy == "zero1":
+            p2p = parts.collective("send_recv", cfg.nproc).fit
+            seconds += sum(p2p.seconds(b) for b in sizes)
+        return seconds
+    ag = parts.collective("all_gather", cfg.nproc).fit
+    rs = parts.collective("reduce_scatter", cfg.nproc).fit
+    blocks, root = block_param_elements(cfg.model, cfg.seq_len)
+    seconds = sum(2 * ag.seconds(b * elem_bytes) + rs.seconds(b * elem_bytes) for b in blocks)
+    return seconds + ag.seconds(root * elem_bytes) + rs.seconds(root * elem_bytes)
+
+
+def engine_copy_seconds(cfg: StepConfig, parts: HardwareParts, elem_bytes: int = 4) -> float:
+    """The engines' own copies: DDP into and out of buckets; FSDP2 out of each all-gather and
+    into each reduce-scatter (bytes read + written = 2 x the tensor's bytes)."""
+    if cfg.nproc == 1 or cfg.strategy == "single":
+        return 0.0
+    copy = parts.kernel("copy")
+    if cfg.strategy in ("ddp", "zero1"):
+        return sum(2 * copy.seconds(2 * n * elem_bytes) for n in param_sizes(cfg.model, cfg.seq_len))
+    blocks, root = block_param_elements(cfg.model, cfg.seq_len)
+    return sum(3 * copy.seconds(2 * b * elem_bytes) for b in blocks) + 2 * copy.seconds(2 * root * elem_bytes)
+
+
+def optimizer_seconds(cfg: StepConfig, parts: HardwareParts) -> float:
+    """Adam on this rank's tensors: all (single, DDP), rank 0's ZeRO-1 partition, or every
+    tensor's 1/n shard (FSDP2)."""
+    sizes = param_sizes(cfg.model, cfg.seq_len)
+    if cfg.strategy == "zero1" and cfg.nproc > 1:
+        mine = max(zero1_partition(sizes, cfg.nproc), key=sum)
+        return parts.optimizer.seconds(len(mine), sum(mine))
+    if cfg.strategy == "fsdp2" and cfg.nproc > 1:
+        return parts.optimizer.seconds(len(sizes), sum(math.ceil(n / cfg.nproc) for n in sizes))
+    return parts.optimizer.seconds(len(sizes), sum(sizes))
+
+
+def predict_step(cfg: StepConfig, parts: HardwareParts) -> Prediction:
+    """Every term of one step of `cfg` on one rank, from the parts only."""
+    inv = inventory(cfg.model, cfg.seq_len, cfg.micro_batch)
+    gemm, memory, dispatch = compute_seconds(inv, parts)
+    return Prediction(gemm_s=gemm, memory_bound_s=memory + engine_copy_seconds(cfg, parts),
+                      dispatch_s=dispatch, communication_s=communication_seconds(cfg, parts),
+                      optimizer_s=optimizer_seconds(cfg, parts))
