@@ -96,10 +96,9 @@ def load_calibration(path: Path) -> Calibration:
     path = Path(path)
     if not path.is_file():
         raise PlanInputError("calibration", f"{path}: no such file")
-    try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as err:
-        raise PlanInputError("calibration", f"{path}: malformed YAML: {err}") from None
+    from planner.io.strict import read_yaml
+
+    data = read_yaml(path, "calibration")
     if not isinstance(data, dict):
         raise PlanInputError("calibration", f"{path}: expected a mapping with `entries`")
     if data.get("schema_version") == 1:

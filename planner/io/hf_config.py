@@ -11,7 +11,6 @@ the spec's `source` and documented in docs/io.md.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -37,16 +36,9 @@ def model_from_hf_config(path: str | Path) -> ModelSpec:
 
 def read_json(path: Path, field: str) -> Config:
     """A JSON object from a file, or a one-line PlanInputError naming the file and line."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise PlanInputError(field, f"{path}: no such file") from None
-    except OSError as err:
-        raise PlanInputError(field, f"{path}: {err.strerror}") from None
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as err:
-        raise PlanInputError(field, f"{path}: malformed JSON at line {err.lineno}: {err.msg}") from None
+    from planner.io.strict import read_json as read_strict_json  # duplicates, NaN, non-UTF-8
+
+    data = read_strict_json(path, field)
     if not isinstance(data, dict):
         raise PlanInputError(field, f"{path}: expected a JSON object, got {type(data).__name__}")
     return data
