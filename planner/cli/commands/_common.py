@@ -18,7 +18,14 @@ EXIT_FITS = 0
 EXIT_DOES_NOT_FIT = 1
 """The plan was computed and does not fit: an answer, not an error."""
 EXIT_BAD_INPUT = 2
-"""Bad input: one line `field: message` on stderr, nothing written to stdout."""
+"""Bad input: one line `field: message` on stderr, nothing written to stdout or to a file."""
+EXIT_INTERNAL = 3
+"""A bug in zplan (an unexpected exception): one line on stderr; `--debug` for the traceback."""
+EXIT_OUTPUT = 4
+"""The result could not be written: full disk, closed stdout, no permission."""
+
+ISSUES = "the zplan issue tracker (include the command line and the input files)"
+"""Where the internal-error line tells users to report."""
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -45,6 +52,10 @@ def input_errors_exit_2(func: F) -> F:
             where = f" at line {mark.line + 1}" if mark is not None else ""
             raise fail(f"malformed YAML{where}: {getattr(err, 'problem', None) or err}") from None
         except (FileNotFoundError, IsADirectoryError, PermissionError) as err:
+            if err.filename is None:
+                raise
             raise fail(f"{err.filename}: {err.strerror}") from None
+        except UnicodeDecodeError as err:
+            raise fail(f"input is not UTF-8 text (byte 0x{err.object[err.start]:02x} at offset {err.start})") from None
 
     return wrapper  # type: ignore[return-value]
