@@ -48,15 +48,27 @@ def refuse_existing(path: Path, force: bool, field: str = "--output") -> None:
 
 def write_atomic(path: Path, text: str, force: bool = False, field: str = "--output") -> None:
     """Write `text` (UTF-8) to `path` via a temporary file in the same directory and a rename."""
+    write_bytes_atomic(path, text.encode("utf-8"), force, field)
+
+
+def write_bytes_atomic(path: Path, data: bytes, force: bool = False, field: str = "--output") -> None:
+    """`write_atomic` for bytes (a PNG)."""
     path = Path(path)
     refuse_existing(path, force, field)
-    _replace(path, text.encode("utf-8"))
+    _replace(path, data)
+
+
+def _default_mode() -> int:
+    """0666 minus the process umask: the mode `open(path, "w")` would give a new file."""
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o666 & ~umask
 
 
 def _replace(path: Path, data: bytes) -> None:
     """Temporary file + fsync + os.replace; the temporary file never survives a failure."""
     directory = path.parent if str(path.parent) else Path(".")
-    mode = path.stat().st_mode & 0o777 if path.exists() else None
+    mode = path.stat().st_mode & 0o777 if path.exists() else _default_mode()
     try:
         fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
     except OSError as err:
@@ -66,8 +78,7 @@ def _replace(path: Path, data: bytes) -> None:
             handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())
-        if mode is not None:
-            os.chmod(tmp_name, mode)
+        os.chmod(tmp_name, mode)  # mkstemp makes 0600; keep the old file's mode, or the umask's
         os.replace(tmp_name, path)
     except OSError as err:
         Path(tmp_name).unlink(missing_ok=True)

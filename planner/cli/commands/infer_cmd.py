@@ -18,13 +18,13 @@ KvDtypeOpt = Annotated[Optional[str], typer.Option("--kv-dtype", help="KV-cache 
 @input_errors_exit_2
 def infer(
     model: opt.ModelOpt,
-    gpu: Annotated[str, typer.Option("--gpu", help="GPU preset name or YAML file (e.g. a100-80gb).")],
-    tp: Annotated[int, typer.Option("--tp", help="Tensor-parallel degree (divides heads and kv heads).")] = 1,
+    gpu: opt.GpuOpt = None,
+    tp: opt.TpOpt = None,
     batch: Annotated[int, typer.Option("--batch", help="Concurrent sequences.")] = 1,
     context: Annotated[Optional[int], typer.Option("--context", help="Tokens per sequence in the KV cache [default: the model's max_seq_len].")] = None,
     weights: WeightsOpt = "fp16",
     kv_dtype: KvDtypeOpt = None,
-    flash_attention: Annotated[bool, typer.Option("--flash-attention/--no-flash-attention", help="Fused attention (no s x s score matrix in the workspace).")] = True,
+    flash_attention: opt.FlashAttentionOpt = None,
     efficiency: Annotated[Optional[float], typer.Option("--efficiency", help="Fraction of dense peak FLOP/s for prefill [default: the GPU profile's achieved_efficiency].")] = None,
     prefill_chunk: Annotated[Optional[int], typer.Option("--prefill-chunk", min=1, help="Prompt tokens per forward pass (chunked prefill) [default: the whole prompt].")] = None,
     allow_long_context: Annotated[bool, typer.Option("--allow-long-context", help="Allow a context beyond the model's max_seq_len.")] = False,
@@ -40,6 +40,10 @@ def infer(
     from planner.io.loading import load_gpu
     from planner.cli.report.infer import render_infer
 
+    if gpu is None:
+        raise PlanInputError("--gpu", "give the GPU to serve on, e.g. --gpu a100-80gb")
+    tp = tp if tp is not None else 1
+    flash_attention = flash_attention if flash_attention is not None else True
     spec = opt.resolve_model(model, profiles)
     gpu_spec = load_gpu(gpu, opt.extra_dirs(profiles))
     weights = _choice("--weights", weights, tuple(WEIGHT_BITS))
@@ -63,9 +67,9 @@ def _choice(field: str, value: str, allowed: tuple[str, ...]) -> str:
 
 @input_errors_exit_2
 def budget(
-    model: Annotated[Optional[str], typer.Option("--model", "-m", help="Model preset or file: plan training it on --tokens.")] = None,
+    model: opt.ModelOrNoneOpt = None,
     params: Annotated[Optional[float], typer.Option("--params", help="Parameter count instead of --model (e.g. 70e9).")] = None,
-    tokens: Annotated[Optional[float], typer.Option("--tokens", help="Training tokens for --model / --params (e.g. 300e9).")] = None,
+    tokens: opt.TokensOpt = None,
     cluster: opt.ClusterOpt = None,
     gpu: opt.GpuOpt = None,
     gpus: opt.GpusOpt = None,
@@ -74,7 +78,7 @@ def budget(
     mfu: Annotated[Optional[float], typer.Option("--mfu", help="Utilisation of dense peak [default: the GPU profile's end_to_end_utilisation, a published run's].")] = None,
     calibration: opt.CalibrationOpt = None,
     dtype: Annotated[str, typer.Option("--dtype", help="Dtype whose dense peak counts (bf16, fp16, fp8, ...).")] = "bf16",
-    recompute: Annotated[str, typer.Option("--recompute", help="none (6PD) or full (8PD: a second forward).")] = "none",
+    recompute: opt.RecomputeOpt = None,
     law: Annotated[Optional[str], typer.Option("--law", help="Scaling law name in planner/data/scaling_laws.yaml, or a YAML file [default: chinchilla-approach3].")] = None,
     profiles: opt.ProfilesOpt = None,
     json_out: opt.JsonOpt = False,
@@ -90,6 +94,7 @@ def budget(
     from planner.core.flops import SECONDS_PER_DAY, SECONDS_PER_HOUR
     from planner.cli.report.infer import render_compute_budget, render_model_budget
 
+    recompute = recompute or "none"  # none: 6PD; full: 8PD (a second forward)
     chosen_law = scaling_law(law)
     hardware = None
     if cluster is not None or gpu is not None or gpus is not None:

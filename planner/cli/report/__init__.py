@@ -1,4 +1,4 @@
-"""Rendering: rich tables to stderr for people, JSON to stdout for machines.
+"""Rendering: results on stdout (rich tables for people, JSON / CSV for machines); progress on stderr.
 
 One sub-module per command family (`report.fit`, `report.sweep`, ...); the shared helpers are here
 so every command formats bytes, times and JSON the same way.
@@ -19,16 +19,22 @@ from planner.core.spec import GIB
 JSON_SCHEMA_VERSION = 1
 """Bumped when a `--json` field is renamed or removed (adding fields keeps the version)."""
 
-PIPE_WIDTH = 150
-"""Columns used when stderr is not a terminal (CI logs, pipes): wide enough for every table."""
+PIPE_WIDTH = 100
+"""Columns used when stdout is not a terminal (CI logs, pipes, files): tables fit 100 columns;
+a wider terminal (or COLUMNS) gets wider tables."""
 
 
 def human_console() -> Console:
-    """The console for human output: stderr, so stdout stays clean for `--json`."""
-    console = Console(stderr=True, highlight=False, soft_wrap=False)
+    """The console for results people read: stdout (`zplan fit > plan.txt`, `| less`)."""
+    console = Console(highlight=False, soft_wrap=False)
     if not console.is_terminal and "COLUMNS" not in os.environ:
-        console = Console(stderr=True, highlight=False, soft_wrap=False, width=PIPE_WIDTH)
+        console = Console(highlight=False, soft_wrap=False, width=PIPE_WIDTH)
     return console
+
+
+def progress_console() -> Console:
+    """The console for progress bars and diagnostics: stderr, so stdout holds only results."""
+    return Console(stderr=True, highlight=False, soft_wrap=False)
 
 
 def fmt_bytes(n_bytes: float) -> str:

@@ -72,12 +72,12 @@ def verdict_line(result: FitResult) -> str:
 
 
 def print_fit(result: FitResult) -> None:
-    """Human report of `zplan fit` on stderr."""
+    """Human report of `zplan fit` on stdout."""
     console = human_console()
     cluster = result.cluster
     console.print(
         f"[bold]{result.model.name}[/bold]: {fmt_count(result.params_total)} parameters  |  "
-        f"{cluster.name}: {cluster.num_gpus} x {cluster.gpu.name} ({cluster.num_nodes} nodes)  |  "
+        f"{cluster.name}: {cluster.num_gpus} x {cluster.gpu.name} ({cluster.num_nodes} node{'s' if cluster.num_nodes != 1 else ''})  |  "
         f"seq {result.setup.seq_len}, global batch {result.setup.global_batch}, "
         f"{result.setup.precision.name} + {result.setup.optimizer.name}"
     )

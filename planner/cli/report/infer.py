@@ -1,4 +1,4 @@
-"""Rendering of `zplan infer` and `zplan budget`: rich tables on stderr, `--json` on stdout."""
+"""Rendering of `zplan infer` and `zplan budget`: rich tables and `--json` on stdout."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Rendering of `zplan sweep`: ranked tables to stderr, JSON / CSV with every column."""
+"""Rendering of `zplan sweep`: ranked tables, JSON / CSV with every column."""
 
 from __future__ import annotations
 
