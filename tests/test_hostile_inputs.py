@@ -196,7 +196,7 @@ CASES = [
     Case("missing-job", ["check", "nope.yaml"], {}, "nope.yaml"),
     Case("missing-ds", ["check", "--deepspeed", "nope.json", "--model", "gpt2", "--cluster", "dgx2"], {}, "nope.json"),
     Case("missing-megatron", ["check", "--megatron-args", "nope.sh", "--cluster", "dgx2"], {}, "nope.sh"),
-    Case("job-is-dir", ["check", "adir"], {"adir/keep": "x"}, "adir"),
+    Case("missing-job-is-dir", ["check", "adir"], {"adir/keep": "x"}, "adir"),
     # ---- bad option values
     Case("cli-zero-5", ["fit", "--model", "gpt2", "--cluster", "dgx2", "--zero", "5"], {}, "--zero"),
     Case("cli-tp-0", ["fit", "--model", "gpt2", "--cluster", "dgx2", "--tp", "0"], {}, "--tp"),

@@ -19,6 +19,7 @@ Defaults that depend on other inputs are `None` here and resolved by one functio
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Optional
 
@@ -42,6 +43,13 @@ DEFAULT_OPTIMIZER = "adam"
 
 GLOBAL_BATCH_RULE = ("micro-batch x dp x grad-accum, with micro-batch 1, dp = GPUs/(tp x pp) and "
                      "grad-accum = pp; one sequence per GPU when zplan searches")
+
+def finite(value: Optional[float]) -> Optional[float]:
+    """Option callback: refuse inf and nan (they would reach `--json` as Infinity / NaN)."""
+    if value is not None and not math.isfinite(value):
+        raise typer.BadParameter(f"must be a finite number, got {value}")
+    return value
+
 
 # --------------------------------------------------------------------------- inputs
 
@@ -73,7 +81,7 @@ GlobalBatchOpt = Annotated[Optional[int], typer.Option(
     "--global-batch", min=1, help=f"Sequences per optimizer step (default: {GLOBAL_BATCH_RULE}).",
     rich_help_panel=SETUP)]
 TokensOpt = Annotated[Optional[float], typer.Option(
-    "--tokens", min=1, help="Training tokens of the whole run, e.g. 300e9 (default: 300e9, or the "
+    "--tokens", min=1, callback=finite, help="Training tokens of the whole run, e.g. 300e9 (default: 300e9, or the "
                             "launch line's).", rich_help_panel=SETUP)]
 PrecisionOpt = Annotated[Optional[str], typer.Option(
     "--precision", help="Precision recipe: zero-fp16 (16 B/param), bf16-mixed (16), megatron-bf16 "
@@ -140,6 +148,11 @@ OffloadOptimizerPinsOpt = Annotated[Optional[str], typer.Option(
     "--offload-optimizer", help=_OFFLOAD_OPT + _PINS, rich_help_panel=LAYOUT)]
 OffloadParamsPinsOpt = Annotated[Optional[str], typer.Option(
     "--offload-params", help=_OFFLOAD_PARAMS + _PINS, rich_help_panel=LAYOUT)]
+
+EfficiencyOpt = Annotated[Optional[float], typer.Option(
+    "--efficiency", min=0.0, max=1.0, callback=finite,
+    help="Fraction of dense peak FLOP/s the matmuls reach, 0-1 (default: the --calibration file's, "
+         "else the GPU profile's achieved_efficiency).")]
 
 # --------------------------------------------------------------------------- output
 

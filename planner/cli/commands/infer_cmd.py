@@ -12,7 +12,7 @@ from planner.cli.commands._common import EXIT_DOES_NOT_FIT, EXIT_FITS, input_err
 from planner.core.errors import PlanInputError
 
 WeightsOpt = Annotated[str, typer.Option("--weights", help="Weight dtype: fp32, bf16, fp16, int8, int4 (scales not counted).")]
-KvDtypeOpt = Annotated[Optional[str], typer.Option("--kv-dtype", help="KV-cache dtype: fp32, fp16, bf16, fp8, int8 [default: the weights' float dtype, fp16 for int weights].")]
+KvDtypeOpt = Annotated[Optional[str], typer.Option("--kv-dtype", help="KV-cache dtype: fp32, fp16, bf16, fp8, int8 (default: the weights' float dtype, fp16 for int weights).")]
 
 
 @input_errors_exit_2
@@ -21,12 +21,12 @@ def infer(
     gpu: opt.GpuOpt = None,
     tp: opt.TpOpt = None,
     batch: Annotated[int, typer.Option("--batch", help="Concurrent sequences.")] = 1,
-    context: Annotated[Optional[int], typer.Option("--context", help="Tokens per sequence in the KV cache [default: the model's max_seq_len].")] = None,
+    context: Annotated[Optional[int], typer.Option("--context", help="Tokens per sequence in the KV cache (default: the model's max_seq_len).")] = None,
     weights: WeightsOpt = "fp16",
     kv_dtype: KvDtypeOpt = None,
     flash_attention: opt.FlashAttentionOpt = None,
-    efficiency: Annotated[Optional[float], typer.Option("--efficiency", help="Fraction of dense peak FLOP/s for prefill [default: the GPU profile's achieved_efficiency].")] = None,
-    prefill_chunk: Annotated[Optional[int], typer.Option("--prefill-chunk", min=1, help="Prompt tokens per forward pass (chunked prefill) [default: the whole prompt].")] = None,
+    efficiency: opt.EfficiencyOpt = None,
+    prefill_chunk: Annotated[Optional[int], typer.Option("--prefill-chunk", min=1, help="Prompt tokens per forward pass (chunked prefill) (default: the whole prompt).")] = None,
     allow_long_context: Annotated[bool, typer.Option("--allow-long-context", help="Allow a context beyond the model's max_seq_len.")] = False,
     profiles: opt.ProfilesOpt = None,
     json_out: opt.JsonOpt = False,
@@ -68,18 +68,18 @@ def _choice(field: str, value: str, allowed: tuple[str, ...]) -> str:
 @input_errors_exit_2
 def budget(
     model: opt.ModelOrNoneOpt = None,
-    params: Annotated[Optional[float], typer.Option("--params", help="Parameter count instead of --model (e.g. 70e9).")] = None,
+    params: Annotated[Optional[float], typer.Option("--params", callback=opt.finite, help="Parameter count instead of --model (e.g. 70e9).")] = None,
     tokens: opt.TokensOpt = None,
     cluster: opt.ClusterOpt = None,
     gpu: opt.GpuOpt = None,
     gpus: opt.GpusOpt = None,
-    days: Annotated[Optional[float], typer.Option("--days", help="Wall-clock days of the budget.")] = None,
-    gpu_hours: Annotated[Optional[float], typer.Option("--gpu-hours", help="GPU-hours of the budget (instead of --days).")] = None,
-    mfu: Annotated[Optional[float], typer.Option("--mfu", help="Utilisation of dense peak [default: the GPU profile's end_to_end_utilisation, a published run's].")] = None,
+    days: Annotated[Optional[float], typer.Option("--days", callback=opt.finite, help="Wall-clock days of the budget.")] = None,
+    gpu_hours: Annotated[Optional[float], typer.Option("--gpu-hours", callback=opt.finite, help="GPU-hours of the budget (instead of --days).")] = None,
+    mfu: Annotated[Optional[float], typer.Option("--mfu", callback=opt.finite, help="Utilisation of dense peak (default: the GPU profile's end_to_end_utilisation, a published run's).")] = None,
     calibration: opt.CalibrationOpt = None,
     dtype: Annotated[str, typer.Option("--dtype", help="Dtype whose dense peak counts (bf16, fp16, fp8, ...).")] = "bf16",
     recompute: opt.RecomputeOpt = None,
-    law: Annotated[Optional[str], typer.Option("--law", help="Scaling law name in planner/data/scaling_laws.yaml, or a YAML file [default: chinchilla-approach3].")] = None,
+    law: Annotated[Optional[str], typer.Option("--law", help="Scaling law name in planner/data/scaling_laws.yaml, or a YAML file (default: chinchilla-approach3).")] = None,
     profiles: opt.ProfilesOpt = None,
     json_out: opt.JsonOpt = False,
 ) -> None:

@@ -96,9 +96,7 @@ def register(app: typer.Typer) -> None:
         allow_cross_node_tp: Annotated[bool, typer.Option(
             "--allow-cross-node-tp", help="Let tp span nodes (over the inter-node network).")] = False,
         flash_attention: opt.FlashAttentionOpt = None,
-        efficiency: Annotated[Optional[float], typer.Option(
-            "--efficiency", min=0.0, max=1.0, help="Fraction of dense peak the matmuls reach "
-                                 "(default: --calibration, else the GPU profile).")] = None,
+        efficiency: opt.EfficiencyOpt = None,
         calibration: opt.CalibrationOpt = None,
         csv_path: Annotated[Optional[str], typer.Option(
             "--csv", help="Write the shown rows with every column as CSV to this file ('-' = stdout; "
