@@ -11,8 +11,9 @@ import os
 import sys
 from typing import Any
 
-from pydantic import BaseModel
+from rich import box
 from rich.console import Console
+from rich.table import Table
 
 from planner.core.spec import GIB
 
@@ -66,9 +67,16 @@ def fmt_seconds(seconds: float) -> str:
     return f"{seconds / 86400:.1f} days"
 
 
-def emit_json(kind: str, payload: dict[str, Any] | BaseModel) -> None:
+def table(title: str, **kwargs: Any) -> Table:
+    """A table with a header rule and two spaces between columns (no side borders), so the
+    widest report fits 100 columns."""
+    return Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, show_edge=False,
+                 pad_edge=False, padding=(0, 1, 0, 0), collapse_padding=True, **kwargs)
+
+
+def emit_json(kind: str, payload: Any) -> None:
     """Write one JSON document to stdout: {"schema_version", "kind", ...payload}."""
-    body = payload.model_dump(mode="json") if isinstance(payload, BaseModel) else payload
+    body = payload if isinstance(payload, dict) else payload.model_dump(mode="json")
     doc = {"schema_version": JSON_SCHEMA_VERSION, "kind": kind, **body}
     json.dump(doc, sys.stdout, indent=2)
     sys.stdout.write("\n")

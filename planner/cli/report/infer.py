@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 from rich.table import Table
 
 from planner.cli.report import emit_json, fmt_bytes, fmt_count, fmt_seconds, human_console
+from planner.cli.report import table as new_table
 
 if TYPE_CHECKING:
     from planner.timing.budget import ComputeBudget, LossTerms, ModelBudget
@@ -29,7 +30,7 @@ def render_infer(plan: InferPlan, json_out: bool) -> None:
         f"[bold]{plan.model}[/bold] on [bold]{plan.gpu}[/bold]: {fmt_count(plan.params_total)} params, "
         f"weights {cfg.weights}, KV cache {cfg.kv_dtype}, tp={cfg.tp}, batch={cfg.batch}, "
         f"context={cfg.context:,}")
-    table = Table(title="Memory per GPU", title_justify="left")
+    table = new_table("Memory per GPU")
     table.add_column("part")
     table.add_column("bytes", justify="right")
     for name, value in (("weights", mem.weights_bytes), ("KV cache", mem.kv_cache_bytes),
@@ -44,8 +45,8 @@ def render_infer(plan: InferPlan, json_out: bool) -> None:
     console.print(f"{verdict}; largest batch at context {cfg.context:,}: {plan.max_batch:,}; "
                   f"largest context at batch {cfg.batch}: {plan.max_context:,}; "
                   f"smallest tp that fits: {tp_text}")
-    speed = Table(title=f"Roofline bounds per GPU ({plan.compute_dtype} peak × {plan.efficiency:.2f}, "
-                        "HBM peak)", title_justify="left")
+    speed = new_table(f"Roofline bounds per GPU ({plan.compute_dtype} peak × {plan.efficiency:.2f}, "
+                        "HBM peak)")
     for header in ("phase", "FLOPs", "bytes", "FLOP/byte", "ridge", "bound", "time ≥", "rate ≤"):
         speed.add_column(header, justify="left" if header in ("phase", "bound") else "right")
     _roofline_row(speed, "prefill", plan.prefill,
