@@ -232,3 +232,23 @@ def test_pareto_front_by_hand():
     # (2.5, 40) is beaten by (2, 30) on both axes, (4, 10) by (3, 10).
     points = [(2.5, 40.0), (1.0, 50.0), (3.0, 10.0), (2.0, 30.0), (4.0, 10.0)]
     assert pareto_front(points) == [(1.0, 50.0), (2.0, 30.0), (3.0, 10.0)]
+
+
+def _append_calibration(args: tuple[str, int]) -> None:
+    from planner.io.calibration import Calibration, EfficiencyEntry, append_calibration
+
+    path, i = args
+    entry = EfficiencyEntry(gpu="cpu", dtype="fp32", achieved_flops_per_s=1e9 + i, peak_flops_per_s=None,
+                            efficiency=None, model=f"run{i}", tokens_per_step=128, step_time_s=1.0)
+    append_calibration(Calibration(entries=[entry]), Path(path))
+
+
+def test_concurrent_calibration_appends_lose_nothing(tmp_path):
+    # the case: 8 concurrent `calibrate --out` runs kept only 6-7 of 8 entries
+    from planner.io.calibration import load_calibration
+
+    target = tmp_path / "calib.yaml"
+    with multiprocessing.get_context("fork").Pool(8) as pool:
+        pool.map(_append_calibration, [(str(target), i) for i in range(24)])
+    models = sorted(entry.model for entry in load_calibration(target).entries)
+    assert models == sorted(f"run{i}" for i in range(24))
