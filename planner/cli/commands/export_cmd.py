@@ -99,7 +99,20 @@ def export(
 
         write_atomic(output, text, force)
     print(verdict_line(result) + (f" -> {output}" if output else ""), file=sys.stderr)
+    if fmt == "deepspeed":
+        _not_in_the_config(layout)
     raise typer.Exit(EXIT_FITS if result.fits else EXIT_DOES_NOT_FIT)
+
+
+def _not_in_the_config(layout) -> None:
+    """The planned fields a DeepSpeed config has no key for, and where they go instead (a note on
+    stderr), so the round trip through `zplan check --deepspeed` plans the same job."""
+    flags = [f"--tp {layout.tp}"] if layout.tp > 1 else []
+    flags += [f"--pp {layout.pp}"] if layout.pp > 1 else []
+    flags += ["--flash-attention"] if layout.flash_attention else []
+    if flags:
+        print("zplan: note: not DeepSpeed config keys, give them to the training script and to "
+              f"`zplan check --deepspeed FILE {' '.join(flags)}`", file=sys.stderr)
 
 
 def _best_layout(fmt: str, model, cluster, setup):

@@ -78,5 +78,5 @@ def emit_json(kind: str, payload: Any) -> None:
     """Write one JSON document to stdout: {"schema_version", "kind", ...payload}."""
     body = payload if isinstance(payload, dict) else payload.model_dump(mode="json")
     doc = {"schema_version": JSON_SCHEMA_VERSION, "kind": kind, **body}
-    json.dump(doc, sys.stdout, indent=2)
+    json.dump(doc, sys.stdout, indent=2, allow_nan=False)  # strict JSON: no Infinity / NaN
     sys.stdout.write("\n")
