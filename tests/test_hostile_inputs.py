@@ -210,6 +210,11 @@ CASES = [
     # ---- nesting bombs
     Case("deep-json", CHECK_DS, {"ds.json": "[" * 200_000 + "]" * 200_000}, "ds.json"),
     Case("deep-yaml", ["check", "job.yaml"], {"job.yaml": "a: " + "[" * 50_000 + "]" * 50_000 + "\n"}, "job.yaml"),
+    # ---- integers wider than the int64 columns of the model
+    Case("width-layers", FIT_MODEL, {"m.yaml": MODEL.replace("num_layers: 2", "num_layers: " + "9" * 21)},
+         "64-bit"),
+    Case("width-job-global-batch", ["check", "job.yaml"],
+         {"job.yaml": JOB.replace("global_batch: 16", "global_batch: " + "1" * 25)}, "64-bit"),
     # ---- unknown keys
     Case("unknown-job-key", ["check", "job.yaml"], {"job.yaml": JOB + "zero_stage: 3\n"}, "zero_stage"),
     Case("unknown-model-key", FIT_MODEL, {"m.yaml": MODEL + "num_experts_typo: 8\n"}, "num_experts_typo"),
