@@ -252,3 +252,15 @@ def test_concurrent_calibration_appends_lose_nothing(tmp_path):
         pool.map(_append_calibration, [(str(target), i) for i in range(24)])
     models = sorted(entry.model for entry in load_calibration(target).entries)
     assert models == sorted(f"run{i}" for i in range(24))
+
+
+def test_fit_picture_stacks_every_byte_of_each_stage():
+    from planner.cli.report.plot import stage_parts_gib
+    from planner.core.spec import GIB
+    from planner.io.jobfile import load_job
+    from planner.memory.plan import plan_memory
+
+    job = Path(__file__).resolve().parents[1] / "examples" / "job.yaml"
+    plan = plan_memory(*load_job(job, ()))
+    for stage in plan.stages:
+        assert sum(stage_parts_gib(stage).values()) * GIB == pytest.approx(stage.total_bytes, rel=1e-12)

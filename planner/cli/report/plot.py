@@ -83,7 +83,7 @@ def plot_fit(result: FitResult, path: Path, force: bool) -> None:
     ax.set_xlabel("pipeline stage")
     ax.set_ylabel("GiB per GPU")
     ax.set_title(f"{result.model.name} on {result.cluster.name}: memory per stage")
-    ax.legend(fontsize="small")
+    ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0))
     _save(fig, path, force)
 
 
@@ -124,5 +124,5 @@ def plot_sweep(results: list[SweepResult], path: Path, force: bool) -> None:
     ax.set_xlabel("step time (s)")
     ax.set_ylabel("peak GiB per GPU")
     ax.set_title(f"{results[0].model}: step time vs memory of the ranked layouts")
-    ax.legend(fontsize="small")
+    ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0))
     _save(fig, path, force)
