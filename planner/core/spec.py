@@ -31,10 +31,6 @@ RecomputeMode = Literal["none", "selective", "full", "every_k"]
 TempoTechnique = Literal["gelu", "layernorm", "dropout"]
 
 
-INT64_MAX = 2**63 - 1
-"""Largest integer an input may hold: the model's array columns are int64 (numpy)."""
-
-
 class Frozen(BaseModel):
     """Base: frozen, unknown keys rejected, docstrings become field descriptions."""
 
@@ -49,8 +45,6 @@ class Frozen(BaseModel):
             allowed = _leaf_types(cls.model_fields[info.field_name].annotation)
             if bool not in allowed and (int in allowed or float in allowed):
                 raise ValueError(f"expected a number, got the boolean {str(value).lower()}")
-        if isinstance(value, int) and not isinstance(value, bool) and abs(value) > INT64_MAX:
-            raise ValueError(f"{value} does not fit a 64-bit integer (at most {INT64_MAX})")
         return value
 
 

@@ -9,6 +9,7 @@ file, the key and the line(s):
 - a YAML document whose aliases expand to more than `MAX_EXPANDED_NODES` nodes (an "alias bomb":
   nine anchors of nine aliases each expand to 9**9 nodes while the file stays a few hundred
   bytes) or uses more than `MAX_ALIASES` aliases;
+- integers beyond int64 (the model's array columns);
 - non-finite numbers: YAML `.inf` / `.nan`, JSON `Infinity` / `NaN` / `1e999` (a plan cannot use
   them, and strict JSON has no way to write them back).
 
@@ -31,6 +32,8 @@ from planner.core.errors import PlanInputError
 
 MAX_ALIASES = 1_000
 """Most aliases (`*name`) a YAML input may use; hand-written configs use a handful."""
+INT64_MAX = 2**63 - 1
+"""Largest integer an input file may hold: the model's array columns are int64 (numpy)."""
 MAX_EXPANDED_NODES = 100_000
 """Most nodes a YAML document may have once every alias is expanded (the biggest shipped profile
 has well under a thousand)."""
@@ -80,6 +83,13 @@ class _StrictLoader(yaml.SafeLoader):
                 seen[key] = line
         return super().construct_mapping(node, deep=deep)
 
+    def construct_yaml_int(self, node: yaml.ScalarNode) -> int:
+        value = super().construct_yaml_int(node)
+        if abs(value) > INT64_MAX:
+            raise _Refused(f"{node.value} at line {node.start_mark.line + 1} does not fit a 64-bit "
+                           f"integer (at most {INT64_MAX})")
+        return value
+
     def construct_yaml_float(self, node: yaml.ScalarNode) -> float:
         value = super().construct_yaml_float(node)
         if not math.isfinite(value):
@@ -89,6 +99,7 @@ class _StrictLoader(yaml.SafeLoader):
 
 
 _StrictLoader.add_constructor("tag:yaml.org,2002:float", _StrictLoader.construct_yaml_float)
+_StrictLoader.add_constructor("tag:yaml.org,2002:int", _StrictLoader.construct_yaml_int)
 _StrictLoader.add_constructor("tag:yaml.org,2002:map", _StrictLoader.construct_yaml_map)
 
 
@@ -185,8 +196,15 @@ def parse_json(text: str, origin: str, field: str) -> Any:
             raise _Refused(f"number {literal} is out of range; give a finite number")
         return value
 
+    def integer(literal: str) -> int:
+        value = int(literal)
+        if abs(value) > INT64_MAX:
+            raise _Refused(f"{literal} does not fit a 64-bit integer (at most {INT64_MAX})")
+        return value
+
     try:
-        return json.loads(text, object_pairs_hook=pairs, parse_constant=constant, parse_float=number)
+        return json.loads(text, object_pairs_hook=pairs, parse_constant=constant, parse_float=number,
+                          parse_int=integer)
     except _Refused as err:
         raise PlanInputError(field, f"{origin}: {err}") from None
     except json.JSONDecodeError as err:

@@ -51,6 +51,13 @@ def finite(value: Optional[float]) -> Optional[float]:
     return value
 
 
+def int64(value: Optional[int]) -> Optional[int]:
+    """Option callback: an integer the model's int64 array columns can hold."""
+    if value is not None and abs(value) > 2**63 - 1:
+        raise typer.BadParameter(f"{value} does not fit a 64-bit integer")
+    return value
+
+
 # --------------------------------------------------------------------------- inputs
 
 ModelOpt = Annotated[str, typer.Option(
@@ -62,7 +69,7 @@ ClusterOpt = Annotated[Optional[str], typer.Option(
 GpuOpt = Annotated[Optional[str], typer.Option(
     "--gpu", help="GPU preset name or YAML file (e.g. a100-80gb); with --gpus for an ad-hoc cluster.")]
 GpusOpt = Annotated[Optional[int], typer.Option(
-    "--gpus", min=1, help="Number of GPUs: with --gpu, an ad-hoc cluster (whole nodes above one "
+    "--gpus", min=1, callback=int64, help="Number of GPUs: with --gpu, an ad-hoc cluster (whole nodes above one "
                           "node); with --cluster, that many of its GPUs.")]
 GpusRangeOpt = Annotated[Optional[str], typer.Option(
     "--gpus", help="GPU count, list (64,128,256) or doubling range (64-1024); with --cluster it "
@@ -75,10 +82,10 @@ CalibrationOpt = Annotated[Optional[Path], typer.Option(
 # --------------------------------------------------------------------------- setup
 
 SeqLenOpt = Annotated[Optional[int], typer.Option(
-    "--seq-len", min=1, help="Sequence length in tokens (default: min(2048, the model's max)).",
+    "--seq-len", min=1, callback=int64, help="Sequence length in tokens (default: min(2048, the model's max)).",
     rich_help_panel=SETUP)]
 GlobalBatchOpt = Annotated[Optional[int], typer.Option(
-    "--global-batch", min=1, help=f"Sequences per optimizer step (default: {GLOBAL_BATCH_RULE}).",
+    "--global-batch", min=1, callback=int64, help=f"Sequences per optimizer step (default: {GLOBAL_BATCH_RULE}).",
     rich_help_panel=SETUP)]
 TokensOpt = Annotated[Optional[float], typer.Option(
     "--tokens", min=1, callback=finite, help="Training tokens of the whole run, e.g. 300e9 (default: 300e9, or the "
@@ -105,11 +112,11 @@ _OFFLOAD_OPT = "Where the optimizer states live: none, cpu, nvme."
 _OFFLOAD_PARAMS = "Where the parameters live (ZeRO-3): none, cpu, nvme."
 _PINS = " A comma list (e.g. 1,2,4) pins the sweep to those values (default: all)."
 
-TpOpt = Annotated[Optional[int], typer.Option("--tp", min=1, help=_TP, rich_help_panel=LAYOUT)]
-PpOpt = Annotated[Optional[int], typer.Option("--pp", min=1, help=_PP, rich_help_panel=LAYOUT)]
-DpOpt = Annotated[Optional[int], typer.Option("--dp", min=1, help=_DP, rich_help_panel=LAYOUT)]
+TpOpt = Annotated[Optional[int], typer.Option("--tp", min=1, callback=int64, help=_TP, rich_help_panel=LAYOUT)]
+PpOpt = Annotated[Optional[int], typer.Option("--pp", min=1, callback=int64, help=_PP, rich_help_panel=LAYOUT)]
+DpOpt = Annotated[Optional[int], typer.Option("--dp", min=1, callback=int64, help=_DP, rich_help_panel=LAYOUT)]
 VirtualStagesOpt = Annotated[Optional[int], typer.Option(
-    "--virtual-stages", min=1, help=_VP, rich_help_panel=LAYOUT)]
+    "--virtual-stages", min=1, callback=int64, help=_VP, rich_help_panel=LAYOUT)]
 ZeroOpt = Annotated[Optional[int], typer.Option("--zero", min=0, max=3, help=_ZERO, rich_help_panel=LAYOUT)]
 OffloadOptimizerOpt = Annotated[Optional[str], typer.Option(
     "--offload-optimizer", help=_OFFLOAD_OPT, rich_help_panel=LAYOUT)]
@@ -117,7 +124,7 @@ OffloadParamsOpt = Annotated[Optional[str], typer.Option(
     "--offload-params", help=_OFFLOAD_PARAMS, rich_help_panel=LAYOUT)]
 RecomputeOpt = Annotated[Optional[str], typer.Option("--recompute", help=_RECOMPUTE, rich_help_panel=LAYOUT)]
 RecomputeEveryKOpt = Annotated[Optional[int], typer.Option(
-    "--recompute-every-k", min=1, help="Layers per checkpointed segment for every_k.",
+    "--recompute-every-k", min=1, callback=int64, help="Layers per checkpointed segment for every_k.",
     rich_help_panel=LAYOUT)]
 SequenceParallelOpt = Annotated[Optional[bool], typer.Option(
     "--sequence-parallel/--no-sequence-parallel",
@@ -130,9 +137,9 @@ FlashAttentionOpt = Annotated[Optional[bool], typer.Option(
 TempoOpt = Annotated[Optional[str], typer.Option(
     "--tempo", help="Tempo techniques: gelu,layernorm,dropout or all.", rich_help_panel=LAYOUT)]
 MicroBatchOpt = Annotated[Optional[int], typer.Option(
-    "--micro-batch", min=1, help=_MICRO, rich_help_panel=LAYOUT)]
+    "--micro-batch", min=1, callback=int64, help=_MICRO, rich_help_panel=LAYOUT)]
 GradAccumOpt = Annotated[Optional[int], typer.Option(
-    "--grad-accum", min=1, help=_GRAD_ACCUM, rich_help_panel=LAYOUT)]
+    "--grad-accum", min=1, callback=int64, help=_GRAD_ACCUM, rich_help_panel=LAYOUT)]
 
 TpPinsOpt = Annotated[Optional[str], typer.Option("--tp", help=_TP + _PINS, rich_help_panel=LAYOUT)]
 PpPinsOpt = Annotated[Optional[str], typer.Option("--pp", help=_PP + _PINS, rich_help_panel=LAYOUT)]
