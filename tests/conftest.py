@@ -16,14 +16,23 @@ import planner
 PACKAGE_PARENT = Path(planner.__file__).resolve().parent.parent
 
 
-def run_zplan(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    """Run `python -m planner ARGS` (the same code as the `zplan` script) and capture output."""
-    env = dict(os.environ)
-    env["PYTHONPATH"] = str(PACKAGE_PARENT)
-    env["COLUMNS"] = "160"
+# The installed console script next to this interpreter (the venv's `zplan`), as users run it;
+# `python -m planner` (the same entry point) where no script is installed.
+INSTALLED = Path(sys.executable).with_name("zplan")
+COMMAND = [str(INSTALLED)] if INSTALLED.is_file() else [sys.executable, "-m", "planner"]
+
+
+def run_zplan(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None,
+              **kwargs: object) -> subprocess.CompletedProcess[str]:
+    """Run the installed `zplan ARGS` and capture output (text); `env` adds variables."""
+    full_env = dict(os.environ)
+    full_env["PYTHONPATH"] = str(PACKAGE_PARENT)
+    full_env["COLUMNS"] = "160"
+    full_env.pop("ZPLAN_DEBUG", None)
+    full_env.update(env or {})
     return subprocess.run(
-        [sys.executable, "-m", "planner", *args],
-        capture_output=True, text=True, cwd=cwd, env=env, timeout=300,
+        [*COMMAND, *args], capture_output=True, text=True, cwd=cwd, env=full_env, timeout=300,
+        **kwargs,  # type: ignore[arg-type]
     )
 
 

@@ -147,7 +147,7 @@ def test_cli_gpt3_34_days(zplan):
 def test_cli_compute_budget_human(zplan):
     result = zplan("budget", "--gpu", "a100-80gb", "--gpus", "1024", "--days", "30", "--mfu", "0.4")
     assert result.returncode == 0, result.stderr
-    assert "compute-optimal" in result.stderr and "predicted loss" in result.stderr
+    assert "compute-optimal" in result.stdout and "predicted loss" in result.stdout
 
 
 @pytest.mark.cli

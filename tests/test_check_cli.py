@@ -46,14 +46,14 @@ def one_line(stderr: str) -> str:
 def test_job_fits_exit_0(zplan, tmp_path):
     result = zplan("check", write(tmp_path, "job.yaml", FITS_JOB))
     assert result.returncode == 0, result.stderr
-    assert one_line(result.stderr).startswith("FITS: llama2-7b on 8 x a100-80gb")
-    assert result.stdout == ""
+    assert one_line(result.stdout).startswith("FITS: llama2-7b on 8 x a100-80gb")
+    assert result.stderr == ""
 
 
 def test_job_does_not_fit_exit_1(zplan, tmp_path):
     result = zplan("check", write(tmp_path, "job.yaml", NO_FIT_JOB))
     assert result.returncode == 1, result.stderr
-    line = one_line(result.stderr)
+    line = one_line(result.stdout)
     assert line.startswith("DOES NOT FIT: llama2-70b") and "GPU memory on stage 1 by" in line
 
 

@@ -33,8 +33,8 @@ def assert_one_line_error(result, *needles: str) -> None:
 def test_fit_main_job_fits(zplan):
     result = zplan("fit", "--model", "gpt3-175b", "--cluster", "dgx2x32")
     assert result.returncode == 0, result.stderr
-    assert "FITS" in result.stderr
-    assert "Minimum GPUs per strategy" in result.stderr
+    assert "FITS" in result.stdout
+    assert "Minimum GPUs per strategy" in result.stdout
 
 
 def test_fit_json_is_one_document_on_stdout(zplan):
@@ -54,7 +54,7 @@ def test_fit_ddp_of_175b_does_not_fit(zplan):
     # DDP keeps 16 bytes per parameter on every GPU (seed 001 §2): 16 x 1.75e11 = 2.8 TB > 32 GB.
     result = zplan("fit", "--model", "gpt3-175b", "--cluster", "dgx2x32", "--zero", "0")
     assert result.returncode == 1, result.stderr
-    assert "DOES NOT FIT" in result.stderr and "GPU memory on stage 1" in result.stderr
+    assert "DOES NOT FIT" in result.stdout and "GPU memory on stage 1" in result.stdout
 
 
 def test_unknown_model_is_one_line(zplan):

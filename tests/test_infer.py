@@ -300,8 +300,8 @@ def test_cli_llama2_7b_fits_json(zplan):
 def test_cli_llama2_70b_does_not_fit_one_a100_exit_1(zplan):
     result = zplan("infer", "--model", "llama2-70b", "--gpu", "a100-80gb")
     assert result.returncode == 1, result.stderr
-    assert "does not fit" in result.stderr
-    assert "smallest tp that fits: 2" in result.stderr  # see test_min_tp_llama2_70b_on_a100_80gb
+    assert "does not fit" in result.stdout
+    assert "smallest tp that fits: 2" in result.stdout  # see test_min_tp_llama2_70b_on_a100_80gb
 
 
 @pytest.mark.cli

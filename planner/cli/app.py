@@ -1,56 +1,129 @@
 """The `zplan` command line: a thin typer layer over the planner library.
 
-Exit codes: 0 success / fits, 1 does not fit, 2 bad input (one line on stderr, no traceback).
-Human output goes to stderr, `--json` to stdout.
+Exit codes (the contract `zplan check` in CI relies on; `EXIT_*` in `commands/_common.py`):
+0 fits / success, 1 does not fit, 2 bad input (one line on stderr, nothing written),
+3 internal error (a bug: one line, `--debug` or ZPLAN_DEBUG=1 for the traceback),
+4 output could not be written (full disk, closed stdout, no permission). Nothing else exits 1.
+
+Results go to stdout (tables for people, `--json`/`--csv` for machines); progress and diagnostics
+to stderr. Commands are imported only when invoked (`COMMANDS`), so `zplan check` does not pay
+for importing the sweep or the calibration harness, and `zplan --help` imports none of them.
 """
 
 from __future__ import annotations
 
-import inspect
+import importlib
+import os
 import sys
+from typing import Any, NamedTuple
 
 import typer
+from typer.core import TyperCommand, TyperGroup
 
 try:  # typer >= 0.2x vendors click as typer._click; older typer uses click itself
-    from typer._click import exceptions as click_exceptions
+    from typer import _click as click
 except ImportError:  # pragma: no cover - depends on the installed typer
-    from click import exceptions as click_exceptions
+    import click
 
-from planner.cli.commands import (
-    calibrate_cmd,
-    check_cmd,
-    export_cmd,
-    fit_cmd,
-    infer_cmd,
-    sweep_cmd,
+click_exceptions = click.exceptions
+
+from planner.cli.commands._common import (
+    EXIT_BAD_INPUT,
+    EXIT_INTERNAL,
+    EXIT_OUTPUT,
+    ISSUES,
 )
-from planner.cli.commands._common import EXIT_BAD_INPUT
+
+
+class Command(NamedTuple):
+    module: str
+    short_help: str
+    """The first paragraph of the command's docstring (tests/test_cli_conventions.py checks it)."""
+
+
+COMMANDS: dict[str, Command] = {
+    "fit": Command("planner.cli.commands.fit_cmd",
+                   "Does MODEL fit on CLUSTER? Per-stage GPU memory, CPU/NVMe per node, and the verdict."),
+    "presets": Command("planner.cli.commands.fit_cmd",
+                       "List the shipped (and your --profiles) models, GPUs, nodes and clusters."),
+    "show": Command("planner.cli.commands.fit_cmd",
+                    "A model's exact parameter breakdown and its FLOPs per token."),
+    "check": Command("planner.cli.commands.check_cmd",
+                     "Does this job fit? `zplan check JOB.yaml`, `--deepspeed ds.json --model M "
+                     "--cluster C`, or `--megatron-args FILE --cluster C`. Prints one verdict line."),
+    "sweep": Command("planner.cli.commands.sweep_cmd",
+                     "Rank every parallel layout (tp, pp, dp, ZeRO, offload, recompute, micro-batch) "
+                     "by estimated step time; show why the attractive ones that do not fit are rejected."),
+    "calibrate": Command("planner.cli.commands.calibrate_cmd",
+                         "Train a (scaled-down) model for a few steps with real PyTorch and report "
+                         "predicted vs measured: parameters, model-state bytes, saved activations, "
+                         "FLOPs, step time."),
+    "export": Command("planner.cli.commands.export_cmd",
+                      "Write a layout as a DeepSpeed config, a Megatron-LM launch line, an accelerate "
+                      "FSDP2 config or a torchrun line. The layout comes from --job, from layout "
+                      "flags, or is the best one the search finds. The verdict line goes to stderr; "
+                      "exit 0 fits, 1 does not, 2 bad input."),
+    "infer": Command("planner.cli.commands.infer_cmd",
+                     "Inference memory per GPU (weights, KV cache, workspace, overhead), the largest "
+                     "batch and context that fit, the smallest tp, and roofline bounds on "
+                     "time-to-first-token and tokens/s."),
+    "budget": Command("planner.cli.commands.infer_cmd", "Compute budget and Chinchilla scaling law."),
+}
+
+
+def load_command(name: str) -> Any:
+    """The click command `name`, importing only its module."""
+    module = importlib.import_module(COMMANDS[name].module)
+    holder = typer.Typer(rich_markup_mode=None)
+    module.register(holder)
+    built = typer.main.get_command(holder)
+    command = built.commands[name] if isinstance(built, TyperGroup) else built
+    command.short_help = COMMANDS[name].short_help
+    return command
+
+
+class _LazyGroup(TyperGroup):
+    """Commands imported on first use; the command list in `--help` comes from `COMMANDS`."""
+
+    def list_commands(self, ctx: Any) -> list[str]:
+        return [*COMMANDS, *super().list_commands(ctx)]
+
+    def get_command(self, ctx: Any, cmd_name: str) -> Any:
+        if cmd_name in COMMANDS:
+            if getattr(self, "_listing", False):  # help listing: name and short help only
+                return TyperCommand(name=cmd_name, short_help=COMMANDS[cmd_name].short_help)
+            return load_command(cmd_name)
+        return super().get_command(ctx, cmd_name)
+
+    def format_help(self, ctx: Any, formatter: Any) -> None:
+        self._listing = True
+        try:
+            super().format_help(ctx, formatter)
+        finally:
+            self._listing = False
+
 
 app = typer.Typer(
     name="zplan",
+    cls=_LazyGroup,
     help="Plan memory, compute and bandwidth for training large transformers.",
     no_args_is_help=True,
-    add_completion=False,
+    add_completion=True,
     pretty_exceptions_enable=False,
+    rich_markup_mode=None,  # plain help: every `[default: ...]` shows, no rich import
 )
 
 
 @app.callback()
-def _root() -> None:
+def _root(
+    debug: bool = typer.Option(False, "--debug", help="On an internal error, print the traceback "
+                                                      "(also: environment ZPLAN_DEBUG=1)."),
+) -> None:
     """Plan memory, compute and bandwidth for training large transformers.
 
-    Exit codes: 0 fits / success, 1 does not fit, 2 bad input.
+    Exit codes: 0 fits / success, 1 does not fit, 2 bad input, 3 internal error (a bug),
+    4 output could not be written.
     """
-
-
-for module in (fit_cmd, check_cmd, sweep_cmd, calibrate_cmd, export_cmd, infer_cmd):
-    module.register(app)
-
-for info in app.registered_commands:
-    # The command list shows the first paragraph of each docstring as one line.
-    if info.short_help is None and info.callback is not None:
-        first_paragraph = inspect.getdoc(info.callback).split("\n\n")[0]  # type: ignore[union-attr]
-        info.short_help = " ".join(first_paragraph.split())
 
 
 @app.command()
@@ -61,20 +134,87 @@ def version() -> None:
     print(__version__)
 
 
-def main(argv: list[str] | None = None) -> None:
-    """Console-script entry point; usage errors become one line and exit code 2."""
+def _debug(argv: list[str]) -> bool:
+    """`zplan --debug ...` (before the command name) or ZPLAN_DEBUG=1."""
+    if os.environ.get("ZPLAN_DEBUG", "") not in ("", "0"):
+        return True
+    for arg in argv:
+        if not arg.startswith("-"):
+            return False
+        if arg == "--debug":
+            return True
+    return False
+
+
+def _quiet_stdout() -> None:
+    """Point fd 1 at /dev/null so Python's exit-time flush cannot print a second error."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, AttributeError, ValueError):
+        pass
+
+
+def _run(argv: list[str]) -> int:
+    """Run the app; usage errors become one line and exit 2."""
     try:
         code = app(args=argv, standalone_mode=False)
     except typer.Abort:
         print("zplan: aborted", file=sys.stderr)
-        sys.exit(EXIT_BAD_INPUT)
-    except click_exceptions.NoArgsIsHelpError:
-        sys.exit(EXIT_BAD_INPUT)
+        return EXIT_BAD_INPUT
+    except click_exceptions.NoArgsIsHelpError as err:
+        print(err.format_message(), file=sys.stderr)  # the help text: a usage error, exit 2
+        return EXIT_BAD_INPUT
     except click_exceptions.UsageError as err:
         hint = f" ({err.ctx.command_path})" if err.ctx is not None else ""
         print(f"zplan: error: {err.format_message()}{hint}", file=sys.stderr)
-        sys.exit(EXIT_BAD_INPUT)
+        return EXIT_BAD_INPUT
     except click_exceptions.ClickException as err:
         print(f"zplan: error: {err.format_message()}", file=sys.stderr)
-        sys.exit(EXIT_BAD_INPUT)
-    sys.exit(code if isinstance(code, int) else 0)
+        return EXIT_BAD_INPUT
+    sys.stdout.flush()  # a full disk or a closed pipe shows here, inside the handlers of main
+    return code if isinstance(code, int) else 0
+
+
+def _os_message(err: OSError) -> str:
+    """One line for an OS refusal; `OutputError`s already name the file."""
+    from planner.io.safe_write import OutputError, describe_os_error
+
+    if isinstance(err, OutputError):
+        return str(err.strerror)
+    where = f"{err.filename}: " if err.filename else ""
+    return f"cannot write output: {where}{describe_os_error(err)}"
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console-script entry point: the exit-code contract above, never a bare traceback."""
+    args = sys.argv[1:] if argv is None else argv
+    if sys.stdout is None:  # started with fd 1 closed (`zplan ... >&-`)
+        print("zplan: error: standard output is closed; redirect it (e.g. > /dev/null)", file=sys.stderr)
+        sys.exit(EXIT_OUTPUT)
+    try:
+        sys.exit(_run(args))
+    except SystemExit:
+        raise
+    except KeyboardInterrupt:
+        print("zplan: interrupted", file=sys.stderr)
+        sys.exit(130)
+    except BrokenPipeError:
+        _quiet_stdout()
+        print("zplan: error: standard output was closed before the result was written", file=sys.stderr)
+        sys.exit(EXIT_OUTPUT)
+    except OSError as err:  # writing stdout or a file: full disk, permissions
+        _quiet_stdout()
+        print(f"zplan: error: {_os_message(err)}", file=sys.stderr)
+        sys.exit(EXIT_OUTPUT)
+    except Exception as err:  # noqa: BLE001 - the contract: a bug is exit 3, not "does not fit"
+        if _debug(args):
+            import traceback
+
+            traceback.print_exc()
+        else:
+            print(f"zplan: internal error (a bug in zplan, not in your input): "
+                  f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''} -- "
+                  f"rerun with --debug (or ZPLAN_DEBUG=1) for the traceback and report it at {ISSUES}",
+                  file=sys.stderr)
+        sys.exit(EXIT_INTERNAL)

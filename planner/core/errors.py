@@ -6,7 +6,10 @@ pydantic's own `ValidationError` is converted by `format_validation_error`.
 
 from __future__ import annotations
 
-from pydantic import ValidationError
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # imported lazily: `zplan --help` does not load pydantic
+    from pydantic import ValidationError
 
 
 class PlanInputError(ValueError):

@@ -12,9 +12,9 @@ Seed and paper citations: docs/references.md
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, get_args, get_origin
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 GIB = 1024**3
 MIB = 1024**2
@@ -39,6 +39,27 @@ class Frozen(BaseModel):
     """Base: frozen, unknown keys rejected, docstrings become field descriptions."""
 
     model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_bool_for_number(cls, value: object, info: ValidationInfo) -> object:
+        """`tp: true` is not 1: a boolean where the field takes no boolean is an error
+        (pydantic's lax mode would read True as 1)."""
+        if isinstance(value, bool) and info.field_name is not None:
+            allowed = _leaf_types(cls.model_fields[info.field_name].annotation)
+            if bool not in allowed and (int in allowed or float in allowed):
+                raise ValueError(f"expected a number, got the boolean {str(value).lower()}")
+        return value
+
+
+def _leaf_types(annotation: object) -> set[object]:
+    """The plain types inside Optional[...] / Union[...] / Annotated[...] (Literal values too)."""
+    args = get_args(annotation)
+    if get_origin(annotation) is Literal:
+        return {type(arg) for arg in args}
+    if not args:
+        return {annotation}
+    return set().union(*(_leaf_types(arg) for arg in args))
 
 
 # --------------------------------------------------------------------------- model

@@ -10,14 +10,15 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import ValidationError
 
 from planner.core.errors import PlanInputError, format_validation_error
 
 
 def _read_laws(text: str, origin: str) -> dict[str, Any]:
-    doc = yaml.safe_load(text) or {}
+    from planner.io.strict import parse_yaml
+
+    doc = parse_yaml(text, origin, "law") or {}
     laws = doc.get("laws") if isinstance(doc, dict) else None
     if not isinstance(laws, dict) or not laws:
         raise PlanInputError("law", f"{origin}: expected a mapping `laws: {{name: {{A, alpha, ...}}}}`")
@@ -40,7 +41,9 @@ def scaling_law(name_or_path: str | None = None):  # -> planner.budget.ScalingLa
         entry, origin = doc["laws"][name], "scaling_laws.yaml"
     elif name.endswith((".yaml", ".yml")) or Path(name).is_file():
         path = Path(name)
-        user = _read_laws(path.read_text(encoding="utf-8"), str(path))
+        from planner.io.strict import read_text
+
+        user = _read_laws(read_text(path, "law"), str(path))
         name = user.get("default") or next(iter(user["laws"]))
         if name not in user["laws"]:
             raise PlanInputError("law", f"{path}: default {name!r} is not one of {list(user['laws'])}")

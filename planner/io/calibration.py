@@ -96,10 +96,9 @@ def load_calibration(path: Path) -> Calibration:
     path = Path(path)
     if not path.is_file():
         raise PlanInputError("calibration", f"{path}: no such file")
-    try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as err:
-        raise PlanInputError("calibration", f"{path}: malformed YAML: {err}") from None
+    from planner.io.strict import read_yaml
+
+    data = read_yaml(path, "calibration")
     if not isinstance(data, dict):
         raise PlanInputError("calibration", f"{path}: expected a mapping with `entries`")
     if data.get("schema_version") == 1:
@@ -167,9 +166,42 @@ def end_to_end_utilisation_for(calibration: Calibration, gpu_name: str, dtype: s
     return max(found, key=_flops_per_step).end_to_end_utilisation if found else None
 
 
+def calibration_text(calibration: Calibration) -> str:
+    """The file's YAML text, keys in schema order."""
+    return yaml.safe_dump(calibration.model_dump(mode="json"), sort_keys=False)
+
+
 def write_calibration(calibration: Calibration, path: Path) -> None:
-    """Write the file (YAML, keys in schema order)."""
-    Path(path).write_text(yaml.safe_dump(calibration.model_dump(mode="json"), sort_keys=False))
+    """Write the file atomically (temporary file in the same directory, then a rename)."""
+    from planner.io.safe_write import write_atomic
+
+    write_atomic(Path(path), calibration_text(calibration), force=True, field="--out")
+
+
+def append_calibration(new: Calibration, path: Path) -> Calibration:
+    """Add `new`'s entries to the file at `path` (created if missing) under an exclusive lock, so
+    concurrent runs appending to one file lose nothing; returns what the file now holds."""
+    from planner.io.safe_write import append_locked
+    from planner.io.strict import parse_yaml
+
+    merged: list[Calibration] = []
+
+    def update(old_text: str | None) -> str:
+        calibration = new
+        if old_text is not None:
+            data = parse_yaml(old_text, str(path), "calibration")
+            if isinstance(data, dict) and data.get("schema_version") == 1:
+                data = upgrade_schema_1(data)
+            try:
+                old = Calibration.model_validate(data)
+            except ValidationError as err:
+                raise PlanInputError("calibration", f"{path}: {format_validation_error(err)}") from None
+            calibration = merge_calibrations(old, new)
+        merged.append(calibration)
+        return calibration_text(calibration)
+
+    append_locked(Path(path), update)
+    return merged[0]
 
 
 def merge_calibrations(old: Calibration, new: Calibration) -> Calibration:

@@ -76,4 +76,8 @@ def check_megatron(path: Path, cluster: Cluster, *, num_gpus: int | None, tokens
     setup = make_setup(job.seq_len, job.global_batch, tokens, job.precision, optimizer or job.optimizer or "adam")
     notes = job.notes if gpus_given else (
         *job.notes, f"no torchrun --nproc-per-node and no --gpus: all {cluster.num_gpus} GPUs of the cluster")
+    if not num_gpus and job.layout.num_gpus != cluster.num_gpus:  # two inputs disagree: say which won
+        notes = (*notes, f"the launch line runs {job.layout.num_gpus} processes: checked on "
+                         f"{job.layout.num_gpus} of the {cluster.num_gpus} GPUs of {cluster.name} "
+                         "(the launch line wins over the cluster's size)")
     return check(job.model, hardware, job.layout, setup, "megatron", notes)

@@ -311,6 +311,12 @@ def deepspeed_config(model: ModelSpec, layout: Layout, setup: TrainSetup,
         )
     if layout.tempo:
         raise PlanInputError("tempo", "Tempo techniques have no DeepSpeed config key")
+    if layout.sequence_parallel and layout.tp > 1:
+        raise PlanInputError("sequence_parallel", "Megatron sequence parallelism has no DeepSpeed "
+                             "config key; use --no-sequence-parallel or --format megatron")
+    if layout.virtual_stages > 1:
+        raise PlanInputError("virtual_stages", f"{layout.virtual_stages}: interleaved virtual stages "
+                             "have no DeepSpeed config key; use --virtual-stages 1 or --format megatron")
     config: dict[str, Any] = {
         "train_batch_size": layout.micro_batch * layout.grad_accum * layout.dp,
         "train_micro_batch_size_per_gpu": layout.micro_batch,

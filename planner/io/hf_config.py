@@ -11,7 +11,6 @@ planner models the text decoder (`*ForCausalLM`), not the vision tower.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -30,23 +29,21 @@ def model_from_hf_config(path: str | Path) -> ModelSpec:
     if path.is_dir():
         path = path / "config.json"
     config = read_json(path, "model")
-    default_name = path.resolve().parent.name or path.stem  # the model folder's name
-    return model_from_hf_dict(config, name=str(config.get("_name_or_path") or default_name),
+    # the model's own name, else its architecture, and only then its folder (in a Hugging Face
+    # cache the folder is a commit hash under snapshots/)
+    architectures = config.get("architectures")
+    own_name = config.get("_name_or_path") or (
+        architectures[0] if isinstance(architectures, list) and architectures else None)
+    folder = path.resolve().parent.name
+    return model_from_hf_dict(config, name=str(own_name or folder or config.get("model_type")),
                               source=f"Hugging Face config {path}")
 
 
 def read_json(path: Path, field: str) -> Config:
     """A JSON object from a file, or a one-line PlanInputError naming the file and line."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise PlanInputError(field, f"{path}: no such file") from None
-    except OSError as err:
-        raise PlanInputError(field, f"{path}: {err.strerror}") from None
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as err:
-        raise PlanInputError(field, f"{path}: malformed JSON at line {err.lineno}: {err.msg}") from None
+    from planner.io.strict import read_json as read_strict_json  # duplicates, NaN, non-UTF-8
+
+    data = read_strict_json(path, field)
     if not isinstance(data, dict):
         raise PlanInputError(field, f"{path}: expected a JSON object, got {type(data).__name__}")
     return data
@@ -89,7 +86,15 @@ def _int(config: Config, key: str, default: int | None = None) -> int:
         return default
     if not isinstance(value, int) or isinstance(value, bool):
         raise PlanInputError(key, f"must be an integer, got {value!r}")
+    if value < (0 if key in _ZERO_ALLOWED else 1):
+        raise PlanInputError(key, f"must be at least {0 if key in _ZERO_ALLOWED else 1} "
+                                  f"(a size, a count or a divisor), got {value}")
     return value
+
+
+_ZERO_ALLOWED = {"first_k_dense_replace", "n_shared_experts", "num_experts", "type_vocab_size",
+                 "shared_expert_intermediate_size", "decoder_sparse_step", "moe_layer_freq"}
+"""Integer keys where 0 means "none"; every other integer key is a size, a count or a divisor."""
 
 
 def _any_dropout(config: Config, *keys: str, default: float = 0.0) -> bool:

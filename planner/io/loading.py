@@ -17,7 +17,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
-import yaml
 from pydantic import BaseModel, ValidationError
 
 from planner.core.errors import PlanInputError, format_validation_error
@@ -100,17 +99,9 @@ def _existing_file(path: Path, field: str) -> Path:
 
 def read_yaml_mapping(path: Path, field: str) -> dict[str, Any]:
     """Parse a YAML file that must hold a mapping; syntax errors name the file and line."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as err:
-        raise PlanInputError(field, f"cannot read {path}: {err.strerror}") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        where = f" at line {mark.line + 1}" if mark is not None else ""
-        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
-        raise PlanInputError(field, f"{path}: malformed YAML{where}: {problem}") from None
+    from planner.io.strict import read_yaml
+
+    data = read_yaml(path, field)
     if not isinstance(data, dict):
         kind = "empty" if data is None else f"a {type(data).__name__}"
         raise PlanInputError(field, f"{path}: expected a mapping of fields, the file is {kind}")

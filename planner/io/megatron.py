@@ -17,8 +17,11 @@ from __future__ import annotations
 
 import ast
 
+import difflib
+import functools
 import math
 import shlex
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -48,11 +51,9 @@ UNEXPANDED = "$unexpanded"
 def read_megatron_args(path: str | Path) -> tuple[Args, Args]:
     """(launcher flags, Megatron flags) of a launch line or args file."""
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise PlanInputError("--megatron-args", f"{path}: no such file") from None
-    return parse_megatron_args(text)
+    from planner.io.strict import read_text
+
+    return parse_megatron_args(read_text(path, "--megatron-args"))
 
 
 def parse_megatron_args(text: str) -> tuple[Args, Args]:
@@ -68,10 +69,30 @@ def parse_megatron_args(text: str) -> tuple[Args, Args]:
     script = next((i for i, tok in enumerate(tokens) if tok.endswith(".py")), None)
     launcher, flags = ({}, _flags(tokens)) if script is None else (
         _flags(tokens[:script]), _flags(tokens[script + 1:]))
+    _refuse_unknown(flags)
     variables = [tok for tok in tokens if tok.startswith("$")]
     if variables:  # e.g. `$GPT_MODEL_ARGS`: flags zplan cannot see
         flags[UNEXPANDED] = variables
     return launcher, flags
+
+
+@functools.cache
+def known_flags() -> frozenset[str]:
+    """Every flag Megatron-LM's parser defines (planner/data/megatron_flags.txt says which commits)."""
+    text = resources.files("planner.data").joinpath("megatron_flags.txt").read_text(encoding="utf-8")
+    return frozenset(line for line in text.splitlines() if line.startswith("--"))
+
+
+def _refuse_unknown(flags: Args) -> None:
+    """An unknown flag (a typo such as --tensor-model-paralel-size) is an error naming the nearest
+    known one: Megatron's argparse (allow_abbrev=False) would refuse it too, and ignoring it would
+    plan a different job."""
+    known = known_flags()
+    for flag in flags:
+        if flag != UNEXPANDED and flag not in known:
+            near = difflib.get_close_matches(flag, known, n=1, cutoff=0.6)
+            hint = f"; did you mean {near[0]}?" if near else ""
+            raise PlanInputError("--megatron-args", f"unknown Megatron-LM flag {flag}{hint}")
 
 
 ZERO_ALLOWED = {"--recompute-num-layers", "--moe-shared-expert-intermediate-size", "--num-experts",

@@ -8,8 +8,6 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 import typer
-import yaml
-from pydantic import ValidationError
 
 from planner.core.errors import PlanInputError, format_validation_error
 
@@ -18,7 +16,14 @@ EXIT_FITS = 0
 EXIT_DOES_NOT_FIT = 1
 """The plan was computed and does not fit: an answer, not an error."""
 EXIT_BAD_INPUT = 2
-"""Bad input: one line `field: message` on stderr, nothing written to stdout."""
+"""Bad input: one line `field: message` on stderr, nothing written to stdout or to a file."""
+EXIT_INTERNAL = 3
+"""A bug in zplan (an unexpected exception): one line on stderr; `--debug` for the traceback."""
+EXIT_OUTPUT = 4
+"""The result could not be written: full disk, closed stdout, no permission."""
+
+ISSUES = "the zplan issue tracker (include the command line and the input files)"
+"""Where the internal-error line tells users to report."""
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -38,13 +43,32 @@ def input_errors_exit_2(func: F) -> F:
             return func(*args, **kwargs)
         except PlanInputError as err:
             raise fail(str(err)) from None
-        except ValidationError as err:
-            raise fail(format_validation_error(err)) from None
-        except yaml.YAMLError as err:
-            mark = getattr(err, "problem_mark", None)
-            where = f" at line {mark.line + 1}" if mark is not None else ""
-            raise fail(f"malformed YAML{where}: {getattr(err, 'problem', None) or err}") from None
         except (FileNotFoundError, IsADirectoryError, PermissionError) as err:
+            if err.filename is None:
+                raise
             raise fail(f"{err.filename}: {err.strerror}") from None
+        except UnicodeDecodeError as err:
+            raise fail(f"input is not UTF-8 text (byte 0x{err.object[err.start]:02x} at offset {err.start})") from None
+        except Exception as err:
+            message = _library_input_error(err)
+            if message is None:
+                raise
+            raise fail(message) from None
 
     return wrapper  # type: ignore[return-value]
+
+
+def _library_input_error(err: Exception) -> str | None:
+    """One line for pydantic's and PyYAML's input errors, else None (a bug: re-raised).
+
+    The two libraries are looked up in sys.modules, not imported: an error of theirs can only
+    occur once they are loaded, and `zplan --help` should not pay for importing them."""
+    pydantic = sys.modules.get("pydantic")
+    if pydantic is not None and isinstance(err, pydantic.ValidationError):
+        return format_validation_error(err)
+    yaml = sys.modules.get("yaml")
+    if yaml is not None and isinstance(err, yaml.YAMLError):
+        mark = getattr(err, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark is not None else ""
+        return f"malformed YAML{where}: {getattr(err, 'problem', None) or err}"
+    return None

@@ -1,58 +1,183 @@
-"""Options shared by several commands (model, hardware, training setup) and their resolution."""
+"""Every command-line option, defined once (name, type, bounds, default, help), and its resolution.
+
+Commands import the `...Opt` aliases below and never define an option of the same name
+themselves; tests/test_cli_options.py checks that an option name means the same thing (type,
+default, help) in every command that has it. The sweep takes comma lists for the layout options
+(`--tp 4,8` pins the search); those are the `...PinsOpt` aliases, whose help is the single option's
+help plus the list syntax.
+
+Defaults that depend on other inputs are `None` here and resolved by one function each:
+- `default_seq_len`: min(2048, the model's max_seq_len);
+- `default_global_batch`: THE global-batch rule, micro_batch x dp x grad_accum with micro_batch 1,
+  dp = GPUs / (tp x pp) and grad_accum = pp (enough micro-batches to fill a 1F1B pipeline,
+  Narayanan et al. 2021, "Efficient Large-Scale Language Model Training on GPU Clusters", sec. 2.2).
+  Without a layout (fit's search, export's search, sweep) tp = pp = 1, so the rule gives one
+  sequence per GPU;
+- precision `zero-fp16`, optimizer `adam`, tokens 300e9 unless an engine config or launch line
+  says otherwise (`check --deepspeed`, `check --megatron-args`).
+"""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
 
 from planner.core.errors import PlanInputError
-from planner.core.spec import Cluster, ModelSpec
 
-ModelOpt = Annotated[
-    str,
-    typer.Option("--model", "-m", help="Model preset name (see `zplan presets`), a YAML file, or a HF config.json."),
-]
-ClusterOpt = Annotated[
-    Optional[str],
-    typer.Option("--cluster", "-c", help="Cluster or node preset name, or a YAML file."),
-]
-GpuOpt = Annotated[
-    Optional[str], typer.Option("--gpu", help="GPU preset for an ad-hoc cluster, with --gpus (e.g. a100-80gb).")
-]
-GpusOpt = Annotated[
-    Optional[int], typer.Option("--gpus", min=1, help="Number of GPUs of --gpu (whole nodes above one node).")
-]
-ProfilesOpt = Annotated[
-    Optional[list[Path]],
-    typer.Option("--profiles", help="Extra directory of your own model / hardware YAML files (repeatable)."),
-]
-SeqLenOpt = Annotated[
-    Optional[int], typer.Option("--seq-len", min=1, help="Sequence length in tokens [default: min(2048, model max)].")
-]
-GlobalBatchOpt = Annotated[
-    Optional[int],
-    typer.Option("--global-batch", min=1, help="Sequences per optimizer step [default: micro-batch x grad-accum x dp with a layout; one per GPU when searching]."),
-]
-TokensOpt = Annotated[
-    float, typer.Option("--tokens", min=1, help="Training tokens of the whole run (e.g. 300e9).")
-]
-PrecisionOpt = Annotated[
-    str,
-    typer.Option("--precision", help="Precision recipe: zero-fp16 (16 B/param), bf16-mixed (16), megatron-bf16 (18), zero-infinity-fp16 (20), fp32 (16)."),
-]
-OptimizerOpt = Annotated[
-    str, typer.Option("--optimizer", help="Optimizer: adam, adamw, sgd-momentum, sgd, adam-8bit.")
-]
-JsonOpt = Annotated[bool, typer.Option("--json", help="Write a JSON document to stdout instead of tables.")]
-CalibrationOpt = Annotated[
-    Optional[Path],
-    typer.Option("--calibration", help="Calibration file from `zplan calibrate` (measured efficiency)."),
-]
+if TYPE_CHECKING:
+    from planner.core.spec import Cluster, Layout, ModelSpec
+
+LAYOUT = "Layout (any of these selects an explicit layout; without them zplan searches)"
+SETUP = "Training setup"
+OUTPUT = "Output"
 
 DEFAULT_SEQ_LEN = 2048
 DEFAULT_TOKENS = 300e9
+DEFAULT_PRECISION = "zero-fp16"
+"""planner.core.recipes.DEFAULT_PRECISION (kept here so `--help` needs no recipe import)."""
+DEFAULT_OPTIMIZER = "adam"
+"""planner.core.recipes.DEFAULT_OPTIMIZER."""
+
+GLOBAL_BATCH_RULE = ("micro-batch x dp x grad-accum, with micro-batch 1, dp = GPUs/(tp x pp) and "
+                     "grad-accum = pp; one sequence per GPU when zplan searches")
+
+def finite(value: Optional[float]) -> Optional[float]:
+    """Option callback: refuse inf and nan (they would reach `--json` as Infinity / NaN)."""
+    if value is not None and not math.isfinite(value):
+        raise typer.BadParameter(f"must be a finite number, got {value}")
+    return value
+
+
+def int64(value: Optional[int]) -> Optional[int]:
+    """Option callback: an integer the model's int64 array columns can hold."""
+    if value is not None and abs(value) > 2**63 - 1:
+        raise typer.BadParameter(f"{value} does not fit a 64-bit integer")
+    return value
+
+
+# --------------------------------------------------------------------------- inputs
+
+ModelOpt = Annotated[str, typer.Option(
+    "--model", "-m", help="Model preset name (see `zplan presets`), a YAML file, or a HF config.json.")]
+ModelOrNoneOpt = Annotated[Optional[str], typer.Option(
+    "--model", "-m", help="Model preset name (see `zplan presets`), a YAML file, or a HF config.json.")]
+ClusterOpt = Annotated[Optional[str], typer.Option(
+    "--cluster", "-c", help="Cluster or node preset name, or a YAML file.")]
+GpuOpt = Annotated[Optional[str], typer.Option(
+    "--gpu", help="GPU preset name or YAML file (e.g. a100-80gb); with --gpus for an ad-hoc cluster.")]
+GpusOpt = Annotated[Optional[int], typer.Option(
+    "--gpus", min=1, callback=int64, help="Number of GPUs: with --gpu, an ad-hoc cluster (whole nodes above one "
+                          "node); with --cluster, that many of its GPUs.")]
+GpusRangeOpt = Annotated[Optional[str], typer.Option(
+    "--gpus", help="GPU count, list (64,128,256) or doubling range (64-1024); with --cluster it "
+                   "resizes the cluster.")]
+ProfilesOpt = Annotated[Optional[list[Path]], typer.Option(
+    "--profiles", help="Extra directory of your own model / hardware YAML files (repeatable).")]
+CalibrationOpt = Annotated[Optional[Path], typer.Option(
+    "--calibration", help="Calibration file from `zplan calibrate` (measured efficiency).")]
+
+# --------------------------------------------------------------------------- setup
+
+SeqLenOpt = Annotated[Optional[int], typer.Option(
+    "--seq-len", min=1, callback=int64, help="Sequence length in tokens (default: min(2048, the model's max)).",
+    rich_help_panel=SETUP)]
+GlobalBatchOpt = Annotated[Optional[int], typer.Option(
+    "--global-batch", min=1, callback=int64, help=f"Sequences per optimizer step (default: {GLOBAL_BATCH_RULE}).",
+    rich_help_panel=SETUP)]
+TokensOpt = Annotated[Optional[float], typer.Option(
+    "--tokens", min=1, callback=finite, help="Training tokens of the whole run, e.g. 300e9 (default: 300e9, or the "
+                            "launch line's).", rich_help_panel=SETUP)]
+PrecisionOpt = Annotated[Optional[str], typer.Option(
+    "--precision", help="Precision recipe: zero-fp16 (16 B/param), bf16-mixed (16), megatron-bf16 "
+                        "(18), zero-infinity-fp16 (20), fp32 (16) (default: zero-fp16, or what the "
+                        "engine config says).", rich_help_panel=SETUP)]
+OptimizerOpt = Annotated[Optional[str], typer.Option(
+    "--optimizer", help="Optimizer: adam, adamw, sgd-momentum, sgd, adam-8bit (default: adam, or "
+                        "the launch line's).", rich_help_panel=SETUP)]
+
+# --------------------------------------------------------------------------- layout
+
+_TP = "Tensor-parallel degree."
+_PP = "Pipeline-parallel degree."
+_DP = "Data-parallel degree (default: GPUs/(tp*pp))."
+_VP = "Virtual pipeline stages per rank (interleaved 1F1B)."
+_ZERO = "ZeRO stage 0-3."
+_MICRO = "Sequences per micro-batch per GPU (default: 1, or the engine config's)."
+_GRAD_ACCUM = "Micro-batches per optimizer step (default: global-batch/(micro-batch*dp), or pp)."
+_RECOMPUTE = "Activation recomputation: none, selective, full, every_k."
+_OFFLOAD_OPT = "Where the optimizer states live: none, cpu, nvme."
+_OFFLOAD_PARAMS = "Where the parameters live (ZeRO-3): none, cpu, nvme."
+_PINS = " A comma list (e.g. 1,2,4) pins the sweep to those values (default: all)."
+
+TpOpt = Annotated[Optional[int], typer.Option("--tp", min=1, callback=int64, help=_TP, rich_help_panel=LAYOUT)]
+PpOpt = Annotated[Optional[int], typer.Option("--pp", min=1, callback=int64, help=_PP, rich_help_panel=LAYOUT)]
+DpOpt = Annotated[Optional[int], typer.Option("--dp", min=1, callback=int64, help=_DP, rich_help_panel=LAYOUT)]
+VirtualStagesOpt = Annotated[Optional[int], typer.Option(
+    "--virtual-stages", min=1, callback=int64, help=_VP, rich_help_panel=LAYOUT)]
+ZeroOpt = Annotated[Optional[int], typer.Option("--zero", min=0, max=3, help=_ZERO, rich_help_panel=LAYOUT)]
+OffloadOptimizerOpt = Annotated[Optional[str], typer.Option(
+    "--offload-optimizer", help=_OFFLOAD_OPT, rich_help_panel=LAYOUT)]
+OffloadParamsOpt = Annotated[Optional[str], typer.Option(
+    "--offload-params", help=_OFFLOAD_PARAMS, rich_help_panel=LAYOUT)]
+RecomputeOpt = Annotated[Optional[str], typer.Option("--recompute", help=_RECOMPUTE, rich_help_panel=LAYOUT)]
+RecomputeEveryKOpt = Annotated[Optional[int], typer.Option(
+    "--recompute-every-k", min=1, callback=int64, help="Layers per checkpointed segment for every_k.",
+    rich_help_panel=LAYOUT)]
+SequenceParallelOpt = Annotated[Optional[bool], typer.Option(
+    "--sequence-parallel/--no-sequence-parallel",
+    help="Megatron sequence parallelism (tp > 1) (default: off; the sweep tries both).",
+    rich_help_panel=LAYOUT)]
+FlashAttentionOpt = Annotated[Optional[bool], typer.Option(
+    "--flash-attention/--no-flash-attention",
+    help="Fused attention: no s x s tensors saved (default: off for training plans, on for infer).",
+    rich_help_panel=LAYOUT)]
+TempoOpt = Annotated[Optional[str], typer.Option(
+    "--tempo", help="Tempo techniques: gelu,layernorm,dropout or all.", rich_help_panel=LAYOUT)]
+MicroBatchOpt = Annotated[Optional[int], typer.Option(
+    "--micro-batch", min=1, callback=int64, help=_MICRO, rich_help_panel=LAYOUT)]
+GradAccumOpt = Annotated[Optional[int], typer.Option(
+    "--grad-accum", min=1, callback=int64, help=_GRAD_ACCUM, rich_help_panel=LAYOUT)]
+
+TpPinsOpt = Annotated[Optional[str], typer.Option("--tp", help=_TP + _PINS, rich_help_panel=LAYOUT)]
+PpPinsOpt = Annotated[Optional[str], typer.Option("--pp", help=_PP + _PINS, rich_help_panel=LAYOUT)]
+DpPinsOpt = Annotated[Optional[str], typer.Option("--dp", help=_DP + _PINS, rich_help_panel=LAYOUT)]
+VirtualStagesPinsOpt = Annotated[Optional[str], typer.Option(
+    "--virtual-stages", help=_VP + _PINS, rich_help_panel=LAYOUT)]
+ZeroPinsOpt = Annotated[Optional[str], typer.Option("--zero", help=_ZERO + _PINS, rich_help_panel=LAYOUT)]
+MicroBatchPinsOpt = Annotated[Optional[str], typer.Option(
+    "--micro-batch", help=_MICRO + _PINS, rich_help_panel=LAYOUT)]
+RecomputePinsOpt = Annotated[Optional[str], typer.Option(
+    "--recompute", help=_RECOMPUTE + _PINS, rich_help_panel=LAYOUT)]
+OffloadOptimizerPinsOpt = Annotated[Optional[str], typer.Option(
+    "--offload-optimizer", help=_OFFLOAD_OPT + _PINS, rich_help_panel=LAYOUT)]
+OffloadParamsPinsOpt = Annotated[Optional[str], typer.Option(
+    "--offload-params", help=_OFFLOAD_PARAMS + _PINS, rich_help_panel=LAYOUT)]
+
+EfficiencyOpt = Annotated[Optional[float], typer.Option(
+    "--efficiency", min=0.0, max=1.0, callback=finite,
+    help="Fraction of dense peak FLOP/s the matmuls reach, 0-1 (default: the --calibration file's, "
+         "else the GPU profile's achieved_efficiency).")]
+
+# --------------------------------------------------------------------------- output
+
+JsonOpt = Annotated[bool, typer.Option(
+    "--json", help="Write a JSON document to stdout instead of tables (schema: docs/schema/).",
+    rich_help_panel=OUTPUT)]
+OutputOpt = Annotated[Optional[Path], typer.Option(
+    "--output", "-o", help="Write the result to this file instead of stdout (refused if it exists, "
+                           "unless --force).", rich_help_panel=OUTPUT)]
+ForceOpt = Annotated[bool, typer.Option(
+    "--force", help="Replace an existing output file (written to a temporary file, then renamed).",
+    rich_help_panel=OUTPUT)]
+PlotOpt = Annotated[Optional[Path], typer.Option(
+    "--plot", help="Also draw a picture to FILE.png or FILE.svg (needs the `plot` extra: "
+                   "matplotlib; refused if it exists, unless --force).", rich_help_panel=OUTPUT)]
+
+
+# --------------------------------------------------------------------------- resolution
 
 
 def extra_dirs(profiles: Optional[list[Path]]) -> tuple[Path, ...]:
@@ -90,3 +215,53 @@ def resolve_cluster(
 def default_seq_len(model: ModelSpec, seq_len: Optional[int]) -> int:
     """The sequence length asked for, or min(2048, the model's maximum)."""
     return seq_len if seq_len is not None else min(DEFAULT_SEQ_LEN, model.max_seq_len)
+
+
+def default_global_batch(num_gpus: int, tp: int = 1, pp: int = 1, micro_batch: int = 1,
+                         dp: Optional[int] = None, grad_accum: Optional[int] = None) -> int:
+    """THE default global batch: micro_batch x dp x grad_accum (module docstring)."""
+    data_parallel = dp if dp is not None else max(num_gpus // (tp * pp), 1)
+    return micro_batch * data_parallel * (grad_accum if grad_accum is not None else pp)
+
+
+def tempo_techniques(value: Optional[str]) -> tuple[str, ...]:
+    """`--tempo gelu,layernorm` or `--tempo all` as a tuple of techniques."""
+    if not value:
+        return ()
+    if value == "all":
+        return ("gelu", "layernorm", "dropout")
+    return tuple(part.strip() for part in value.split(",") if part.strip())
+
+
+def layout_from_flags(
+    cluster: Cluster, global_batch: Optional[int], **fields: Any
+) -> tuple[Layout, int]:
+    """The layout the flags describe, with dp and grad_accum derived when not given.
+
+    dp = GPUs / (tp*pp); grad_accum = global_batch / (micro_batch*dp), or pp when no global batch
+    is given (`default_global_batch`). Returns the layout and the global batch.
+    """
+    from planner.core.spec import Layout
+
+    tp, pp = int(fields["tp"] or 1), int(fields["pp"] or 1)
+    dp = fields.pop("dp")
+    if dp is None:
+        if cluster.num_gpus % (tp * pp):
+            raise PlanInputError(
+                "dp", f"GPUs {cluster.num_gpus} are not divisible by tp*pp = {tp}*{pp}"
+            )
+        dp = cluster.num_gpus // (tp * pp)
+    micro = int(fields["micro_batch"] or 1)
+    fields["micro_batch"] = micro
+    grad_accum = fields.pop("grad_accum")
+    if global_batch is None:
+        global_batch = default_global_batch(cluster.num_gpus, tp, pp, micro, dp, grad_accum)
+    if grad_accum is None:
+        if global_batch % (micro * int(dp)):
+            raise PlanInputError(
+                "global_batch",
+                f"global_batch={global_batch} is not divisible by micro_batch*dp = {micro}*{dp}",
+            )
+        grad_accum = global_batch // (micro * int(dp))
+    layout = Layout(dp=dp, grad_accum=grad_accum, **{k: v for k, v in fields.items() if v is not None})
+    return layout, global_batch

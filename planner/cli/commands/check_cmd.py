@@ -13,7 +13,6 @@ from planner.cli.commands._common import EXIT_DOES_NOT_FIT, EXIT_FITS, input_err
 from planner.core.errors import PlanInputError
 
 _ENGINE = "Engine configs (instead of a job file)"
-_JOB = "Job numbers for --deepspeed (fill \"auto\" and what the JSON cannot say)"
 
 DeepSpeedOpt = Annotated[Optional[Path], typer.Option(
     "--deepspeed", help="A DeepSpeed ds_config.json as the layout (with --model and --cluster).",
@@ -23,31 +22,27 @@ MegatronOpt = Annotated[Optional[Path], typer.Option(
     rich_help_panel=_ENGINE)]
 
 
-def _int_opt(help_text: str) -> object:
-    return typer.Option(min=1, help=help_text, rich_help_panel=_JOB)
-
-
 @input_errors_exit_2
 def check(
     job: Annotated[Optional[Path], typer.Argument(help="Job YAML: model, cluster, layout, setup.")] = None,
     deepspeed: DeepSpeedOpt = None,
     megatron_args: MegatronOpt = None,
-    model: Annotated[Optional[str], typer.Option("--model", "-m", help="Model for --deepspeed: preset, YAML or HF config.json.")] = None,
+    model: opt.ModelOrNoneOpt = None,
     cluster: opt.ClusterOpt = None,
     gpu: opt.GpuOpt = None,
-    gpus: Annotated[Optional[int], typer.Option("--gpus", min=1, help="GPUs of the job (with --cluster: that many of its GPUs).")] = None,
-    tp: Annotated[Optional[int], _int_opt("Tensor-parallel degree (not a DeepSpeed key).")] = None,
-    pp: Annotated[Optional[int], _int_opt("Pipeline-parallel degree (not a DeepSpeed key).")] = None,
-    micro_batch: Annotated[Optional[int], _int_opt("Fills train_micro_batch_size_per_gpu \"auto\".")] = None,
-    grad_accum: Annotated[Optional[int], _int_opt("Fills gradient_accumulation_steps \"auto\".")] = None,
-    global_batch: Annotated[Optional[int], _int_opt("Fills train_batch_size \"auto\".")] = None,
+    gpus: opt.GpusOpt = None,
+    tp: opt.TpOpt = None,
+    pp: opt.PpOpt = None,
+    micro_batch: opt.MicroBatchOpt = None,
+    grad_accum: opt.GradAccumOpt = None,
+    global_batch: opt.GlobalBatchOpt = None,
     seq_len: opt.SeqLenOpt = None,
-    tokens: Annotated[Optional[float], typer.Option("--tokens", min=1, help="Training tokens [default: 300e9, or the launch line's].")] = None,
-    precision: Annotated[Optional[str], typer.Option("--precision", help="Recipe; fills bf16/fp16 \"auto\" [default: from the file].")] = None,
-    optimizer: Annotated[Optional[str], typer.Option("--optimizer", help="adam, adamw, sgd-momentum, sgd, adam-8bit [default: adam].")] = None,
-    recompute: Annotated[Optional[str], typer.Option(help="none|selective|full|every_k [default: full if the file has activation_checkpointing].", rich_help_panel=_JOB)] = None,
-    recompute_every_k: Annotated[Optional[int], _int_opt("Layers per checkpointed segment for every_k.")] = None,
-    flash_attention: Annotated[Optional[bool], typer.Option("--flash-attention/--no-flash-attention", help="Fused attention (no s x s tensors).", rich_help_panel=_JOB)] = None,
+    tokens: opt.TokensOpt = None,
+    precision: opt.PrecisionOpt = None,
+    optimizer: opt.OptimizerOpt = None,
+    recompute: opt.RecomputeOpt = None,
+    recompute_every_k: opt.RecomputeEveryKOpt = None,
+    flash_attention: opt.FlashAttentionOpt = None,
     profiles: opt.ProfilesOpt = None,
     json_out: opt.JsonOpt = False,
 ) -> None:
@@ -80,17 +75,20 @@ def check(
         hardware = _hardware(cluster, gpu, gpus, profiles)
         result = lib.check_deepspeed(
             deepspeed, spec, hardware, num_gpus=gpus, seq_len=opt.default_seq_len(spec, seq_len),
-            tokens=tokens or opt.DEFAULT_TOKENS, optimizer=optimizer or "adam", precision=precision, **numbers)
+            tokens=tokens or opt.DEFAULT_TOKENS, optimizer=optimizer or opt.DEFAULT_OPTIMIZER,
+            precision=precision, **numbers)
     else:
         _refuse_given("--megatron-args", "the launch line says these",
                       dict(numbers, model=model, seq_len=seq_len, precision=precision))
         hardware = _hardware(cluster, gpu, gpus, profiles)
         result = lib.check_megatron(cast(Path, megatron_args), hardware, num_gpus=gpus, tokens=tokens,
                                     optimizer=optimizer, default_tokens=opt.DEFAULT_TOKENS)
+    for note in result.notes:  # assumptions and which input won: diagnostics, on stderr
+        print(f"zplan: note: {note}", file=sys.stderr)
     if json_out:
         render.emit(result)
     else:
-        print(render.verdict_line(result), file=sys.stderr)
+        print(render.verdict_line(result))
     raise typer.Exit(EXIT_FITS if result.fits else EXIT_DOES_NOT_FIT)
 
 

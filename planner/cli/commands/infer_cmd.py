@@ -12,25 +12,25 @@ from planner.cli.commands._common import EXIT_DOES_NOT_FIT, EXIT_FITS, input_err
 from planner.core.errors import PlanInputError
 
 WeightsOpt = Annotated[str, typer.Option("--weights", help="Weight dtype: fp32, bf16, fp16, fp8, int8, int4 (scales not counted).")]
-KvDtypeOpt = Annotated[Optional[str], typer.Option("--kv-dtype", help="KV-cache dtype: fp32, fp16, bf16, fp8, int8 [default: the weights' float dtype, fp16 for int weights].")]
+KvDtypeOpt = Annotated[Optional[str], typer.Option("--kv-dtype", help="KV-cache dtype: fp32, fp16, bf16, fp8, int8 (default: the weights' float dtype, fp16 for int weights).")]
 
 
 @input_errors_exit_2
 def infer(
     model: opt.ModelOpt,
-    gpu: Annotated[str, typer.Option("--gpu", help="GPU preset name or YAML file (e.g. a100-80gb).")],
-    tp: Annotated[int, typer.Option("--tp", help="Tensor-parallel degree (divides heads and kv heads).")] = 1,
+    gpu: opt.GpuOpt = None,
+    tp: opt.TpOpt = None,
     batch: Annotated[int, typer.Option("--batch", help="Concurrent sequences.")] = 1,
-    context: Annotated[Optional[int], typer.Option("--context", help="Tokens per sequence in the KV cache [default: the model's max_seq_len].")] = None,
+    context: Annotated[Optional[int], typer.Option("--context", help="Tokens per sequence in the KV cache (default: the model's max_seq_len).")] = None,
     weights: WeightsOpt = "fp16",
     kv_dtype: KvDtypeOpt = None,
-    flash_attention: Annotated[bool, typer.Option("--flash-attention/--no-flash-attention", help="Fused attention (no s x s score matrix in the workspace).")] = True,
-    efficiency: Annotated[Optional[float], typer.Option("--efficiency", help="Fraction of dense peak FLOP/s for prefill [default: the GPU profile's achieved_efficiency].")] = None,
-    prefill_chunk: Annotated[Optional[int], typer.Option("--prefill-chunk", min=1, help="Prompt tokens per forward pass (chunked prefill) [default: the whole prompt].")] = None,
+    flash_attention: opt.FlashAttentionOpt = None,
+    efficiency: opt.EfficiencyOpt = None,
+    prefill_chunk: Annotated[Optional[int], typer.Option("--prefill-chunk", min=1, help="Prompt tokens per forward pass (chunked prefill) (default: the whole prompt).")] = None,
     allow_long_context: Annotated[bool, typer.Option("--allow-long-context", help="Allow a context beyond the model's max_seq_len.")] = False,
     account: Annotated[str, typer.Option("--account", help="serving: a serving engine's budget (vLLM: utilisation × CUDA-reported memory, runtime reserve, activation peak of the largest batched step); seed: weights + 20 % (seed 004 §2.3.2).")] = "serving",
-    memory_utilisation: Annotated[Optional[float], typer.Option("--gpu-memory-utilization", help="serving: fraction of the GPU's memory the engine may use [default: 0.9, vLLM's].")] = None,
-    max_batched_tokens: Annotated[Optional[int], typer.Option("--max-batched-tokens", help="serving: tokens of the largest batched step [default: 8192, vLLM's max_num_batched_tokens].")] = None,
+    memory_utilisation: Annotated[Optional[float], typer.Option("--gpu-memory-utilization", help="serving: fraction of the GPU's memory the engine may use (default: 0.9, vLLM's).")] = None,
+    max_batched_tokens: Annotated[Optional[int], typer.Option("--max-batched-tokens", help="serving: tokens of the largest batched step (default: 8192, vLLM's max_num_batched_tokens).")] = None,
     reserve: Annotated[Optional[float], typer.Option("--reserve", help="serving: runtime reserve per GPU in GiB, instead of the GPU profile's (CUDA context, NCCL, cuBLAS).")] = None,
     profiles: opt.ProfilesOpt = None,
     json_out: opt.JsonOpt = False,
@@ -45,6 +45,10 @@ def infer(
     from planner.io.loading import load_gpu
     from planner.cli.report.infer import render_infer
 
+    if gpu is None:
+        raise PlanInputError("--gpu", "give the GPU to serve on, e.g. --gpu a100-80gb")
+    tp = tp if tp is not None else 1
+    flash_attention = flash_attention if flash_attention is not None else True
     spec = opt.resolve_model(model, profiles)
     gpu_spec = load_gpu(gpu, opt.extra_dirs(profiles))
     weights = _choice("--weights", weights, tuple(WEIGHT_BITS))
@@ -104,20 +108,20 @@ def _choice(field: str, value: str, allowed: tuple[str, ...]) -> str:
 
 @input_errors_exit_2
 def budget(
-    model: Annotated[Optional[str], typer.Option("--model", "-m", help="Model preset or file: plan training it on --tokens.")] = None,
-    params: Annotated[Optional[float], typer.Option("--params", help="Parameter count instead of --model (e.g. 70e9).")] = None,
-    tokens: Annotated[Optional[float], typer.Option("--tokens", help="Training tokens for --model / --params (e.g. 300e9).")] = None,
+    model: opt.ModelOrNoneOpt = None,
+    params: Annotated[Optional[float], typer.Option("--params", callback=opt.finite, help="Parameter count instead of --model (e.g. 70e9).")] = None,
+    tokens: opt.TokensOpt = None,
     cluster: opt.ClusterOpt = None,
     gpu: opt.GpuOpt = None,
     gpus: opt.GpusOpt = None,
-    days: Annotated[Optional[float], typer.Option("--days", help="Wall-clock days of the budget.")] = None,
-    gpu_hours: Annotated[Optional[float], typer.Option("--gpu-hours", help="GPU-hours of the budget (instead of --days).")] = None,
-    mfu: Annotated[Optional[float], typer.Option("--mfu", help="Utilisation of dense peak [default: the GPU profile's end_to_end_utilisation, a published run's].")] = None,
+    days: Annotated[Optional[float], typer.Option("--days", callback=opt.finite, help="Wall-clock days of the budget.")] = None,
+    gpu_hours: Annotated[Optional[float], typer.Option("--gpu-hours", callback=opt.finite, help="GPU-hours of the budget (instead of --days).")] = None,
+    mfu: Annotated[Optional[float], typer.Option("--mfu", callback=opt.finite, help="Utilisation of dense peak (default: the GPU profile's end_to_end_utilisation, a published run's).")] = None,
     calibration: opt.CalibrationOpt = None,
     dtype: Annotated[str, typer.Option("--dtype", help="Dtype whose dense peak counts (bf16, fp16, fp8, ...).")] = "bf16",
-    recompute: Annotated[str, typer.Option("--recompute", help="none (6PD) or full (8PD: a second forward).")] = "none",
-    seq_len: Annotated[Optional[int], typer.Option("--seq-len", help="Training sequence length: adds the attention FLOPs 2k·L·d_attn·T per token (needs --model).")] = None,
-    law: Annotated[Optional[str], typer.Option("--law", help="Scaling law name in planner/data/scaling_laws.yaml, or a YAML file [default: chinchilla-approach3].")] = None,
+    recompute: opt.RecomputeOpt = None,
+    seq_len: Annotated[Optional[int], typer.Option("--seq-len", min=1, callback=opt.int64, help="Training sequence length: adds the attention FLOPs 2k·L·d_attn·T per token (needs --model; default: none, 6PD only).")] = None,
+    law: Annotated[Optional[str], typer.Option("--law", help="Scaling law name in planner/data/scaling_laws.yaml, or a YAML file (default: chinchilla-approach3).")] = None,
     profiles: opt.ProfilesOpt = None,
     json_out: opt.JsonOpt = False,
 ) -> None:
@@ -133,6 +137,7 @@ def budget(
     from planner.core.flops import SECONDS_PER_DAY, SECONDS_PER_HOUR
     from planner.cli.report.infer import render_compute_budget, render_model_budget
 
+    recompute = recompute or "none"  # none: 6PD; full: 8PD (a second forward)
     chosen_law = scaling_law(law)
     hardware = None
     if cluster is not None or gpu is not None or gpus is not None:

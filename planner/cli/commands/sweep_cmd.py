@@ -9,25 +9,8 @@ from typing import Annotated, Optional
 import typer
 
 from planner.cli.commands._common import EXIT_DOES_NOT_FIT, EXIT_FITS, input_errors_exit_2
-from planner.cli.commands._options import (
-    DEFAULT_TOKENS,
-    CalibrationOpt,
-    ClusterOpt,
-    GpuOpt,
-    JsonOpt,
-    ModelOpt,
-    OptimizerOpt,
-    PrecisionOpt,
-    ProfilesOpt,
-    SeqLenOpt,
-    TokensOpt,
-    default_seq_len,
-    extra_dirs,
-    resolve_model,
-)
+from planner.cli.commands import _options as opt
 from planner.core.errors import PlanInputError
-
-DEFAULT_GLOBAL_BATCH = 1024
 
 
 def _ints(field: str, text: Optional[str]) -> tuple[int, ...] | None:
@@ -61,7 +44,7 @@ def _clusters(cluster: Optional[str], gpu: Optional[str], gpus: Optional[str],
     from planner.io.loading import cluster_for_gpus, load_cluster
     from planner.search.sweep import parse_gpu_counts, with_gpus
 
-    dirs = extra_dirs(profiles)
+    dirs = opt.extra_dirs(profiles)
     if (cluster is None) == (gpu is None):
         raise PlanInputError("--cluster",
                              "give --cluster NAME, or --gpu NAME with --gpus N (one of the two)")
@@ -81,56 +64,47 @@ def register(app: typer.Typer) -> None:
     @app.command("sweep")
     @input_errors_exit_2
     def sweep_command(
-        model: ModelOpt,
-        cluster: ClusterOpt = None,
-        gpu: GpuOpt = None,
-        gpus: Annotated[Optional[str], typer.Option(
-            "--gpus", help="GPU count, list (64,128,256) or doubling range (64-1024); with "
-                           "--cluster it resizes the cluster.")] = None,
-        seq_len: SeqLenOpt = None,
-        global_batch: Annotated[int, typer.Option(
-            "--global-batch", min=1, help="Sequences per optimizer step.")] = DEFAULT_GLOBAL_BATCH,
-        tokens: TokensOpt = DEFAULT_TOKENS,
-        precision: PrecisionOpt = "zero-fp16",
-        optimizer: OptimizerOpt = "adam",
+        model: opt.ModelOpt,
+        cluster: opt.ClusterOpt = None,
+        gpu: opt.GpuOpt = None,
+        gpus: opt.GpusRangeOpt = None,
+        seq_len: opt.SeqLenOpt = None,
+        global_batch: opt.GlobalBatchOpt = None,
+        tokens: opt.TokensOpt = None,
+        precision: opt.PrecisionOpt = None,
+        optimizer: opt.OptimizerOpt = None,
         sort: Annotated[str, typer.Option(
             "--sort", help="step-time | tokens-per-s | mfu | memory-headroom | gpu-hours")] = "step-time",
         top: Annotated[int, typer.Option("--top", min=1, help="Layouts shown.")] = 10,
         show_rejected: Annotated[int, typer.Option(
             "--rejected", min=0, help="Fastest rejected layouts shown, with the reason.")] = 5,
-        tp: Annotated[Optional[str], typer.Option("--tp", help="Pin tp, e.g. 8 or 4,8.")] = None,
-        pp: Annotated[Optional[str], typer.Option("--pp", help="Pin pp, e.g. 1,2,4.")] = None,
-        dp: Annotated[Optional[str], typer.Option("--dp", help="Pin dp.")] = None,
-        virtual_stages: Annotated[Optional[str], typer.Option(
-            "--virtual-stages", help="Pin interleaved virtual stages, e.g. 1.")] = None,
-        zero: Annotated[Optional[str], typer.Option("--zero", help="ZeRO stages, e.g. 1,3.")] = None,
-        micro_batch: Annotated[Optional[str], typer.Option(
-            "--micro-batch", help="Micro-batch sizes [default: 1,2,4,... dividing the batch].")] = None,
-        recompute: Annotated[Optional[str], typer.Option(
-            "--recompute", help="none, selective, full (comma list).")] = None,
-        offload_optimizer: Annotated[Optional[str], typer.Option(
-            "--offload-optimizer", help="none, cpu, nvme (comma list).")] = None,
-        offload_params: Annotated[Optional[str], typer.Option(
-            "--offload-params", help="none, cpu, nvme (comma list).")] = None,
+        tp: opt.TpPinsOpt = None,
+        pp: opt.PpPinsOpt = None,
+        dp: opt.DpPinsOpt = None,
+        virtual_stages: opt.VirtualStagesPinsOpt = None,
+        zero: opt.ZeroPinsOpt = None,
+        micro_batch: opt.MicroBatchPinsOpt = None,
+        recompute: opt.RecomputePinsOpt = None,
+        offload_optimizer: opt.OffloadOptimizerPinsOpt = None,
+        offload_params: opt.OffloadParamsPinsOpt = None,
         no_offload: Annotated[bool, typer.Option("--no-offload", help="Keep everything on the GPUs.")] = False,
-        sequence_parallel: Annotated[Optional[bool], typer.Option(
-            "--sequence-parallel/--no-sequence-parallel", help="Pin sequence parallelism [default: both].")] = None,
+        sequence_parallel: opt.SequenceParallelOpt = None,
         max_tp: Annotated[Optional[int], typer.Option("--max-tp", min=1, help="Largest tp.")] = None,
         max_pp: Annotated[Optional[int], typer.Option("--max-pp", min=1, help="Largest pp.")] = None,
         max_virtual_stages: Annotated[Optional[int], typer.Option(
             "--max-virtual-stages", min=1, help="Largest number of virtual stages.")] = None,
         allow_cross_node_tp: Annotated[bool, typer.Option(
             "--allow-cross-node-tp", help="Let tp span nodes (over the inter-node network).")] = False,
-        flash_attention: Annotated[bool, typer.Option(
-            "--flash-attention", help="Every layout uses fused attention (no s x s tensors).")] = False,
-        efficiency: Annotated[Optional[float], typer.Option(
-            "--efficiency", help="Fraction of dense peak the matmuls reach "
-                                 "[default: --calibration, else the GPU profile].")] = None,
-        calibration: CalibrationOpt = None,
+        flash_attention: opt.FlashAttentionOpt = None,
+        efficiency: opt.EfficiencyOpt = None,
+        calibration: opt.CalibrationOpt = None,
         csv_path: Annotated[Optional[str], typer.Option(
-            "--csv", help="Write the shown rows with every column as CSV to this file ('-' = stdout).")] = None,
-        as_json: JsonOpt = False,
-        profiles: ProfilesOpt = None,
+            "--csv", help="Write the shown rows with every column as CSV to this file ('-' = stdout; "
+                          "refused if the file exists, unless --force).", rich_help_panel=opt.OUTPUT)] = None,
+        as_json: opt.JsonOpt = False,
+        plot: opt.PlotOpt = None,
+        force: opt.ForceOpt = False,
+        profiles: opt.ProfilesOpt = None,
     ) -> None:
         """Rank every parallel layout (tp, pp, dp, ZeRO, offload, recompute, micro-batch) by
         estimated step time; show why the attractive ones that do not fit are rejected.
@@ -138,12 +112,22 @@ def register(app: typer.Typer) -> None:
         Exit 0 when a layout fits (for at least one GPU count), 1 when none does."""
         from planner.search import sweep
         from planner.io.jobfile import make_setup
-        from planner.cli.report import human_console
+        from planner.cli.report import human_console, progress_console
         from planner.cli.report import sweep as report
 
-        spec = resolve_model(model, profiles)
+        for target in (Path(csv_path) if csv_path not in (None, "-") else None, plot):
+            if target is not None:  # refused before any work, so nothing is half-written
+                from planner.io.safe_write import refuse_existing
+
+                refuse_existing(target, force, "--plot" if target == plot else "--csv")
+        spec = opt.resolve_model(model, profiles)
         clusters = _clusters(cluster, gpu, gpus, profiles)
-        setup = make_setup(default_seq_len(spec, seq_len), global_batch, tokens, precision, optimizer)
+        setups = [make_setup(opt.default_seq_len(spec, seq_len),
+                             global_batch if global_batch is not None else opt.default_global_batch(cl.num_gpus),
+                             tokens if tokens is not None else opt.DEFAULT_TOKENS,
+                             precision or opt.DEFAULT_PRECISION, optimizer or opt.DEFAULT_OPTIMIZER)
+                  for cl in clusters]
+        setup = setups[0]
         constraints = sweep.Constraints(
             tp=_ints("tp", tp), pp=_ints("pp", pp), dp=_ints("dp", dp),
             virtual_stages=_ints("virtual_stages", virtual_stages), zero_stage=_ints("zero", zero),
@@ -155,7 +139,7 @@ def register(app: typer.Typer) -> None:
             else _choices("offload_params", offload_params, sweep.TARGETS),
             sequence_parallel=None if sequence_parallel is None else (sequence_parallel,),
             max_tp=max_tp, max_pp=max_pp, max_virtual_stages=max_virtual_stages,
-            allow_cross_node_tp=allow_cross_node_tp, flash_attention=flash_attention,
+            allow_cross_node_tp=allow_cross_node_tp, flash_attention=bool(flash_attention),
         )
         if any(z not in (0, 1, 2, 3) for z in constraints.zero_stage or ()):
             raise PlanInputError("zero", f"ZeRO stages are 0, 1, 2, 3; got {zero}")
@@ -165,21 +149,27 @@ def register(app: typer.Typer) -> None:
             efficiency = efficiency_for(load_calibration(calibration), clusters[0].gpu.name,
                                         setup.precision.compute_dtype)
         sweep.check_sort(sort)
-        console = human_console()
-        results = _run(spec, clusters, setup, constraints, sort, top, show_rejected, efficiency,
+        console = progress_console()
+        results = _run(spec, clusters, setups, constraints, sort, top, show_rejected, efficiency,
                        console)
         if csv_path == "-":
             sys.stdout.write(report.csv_text(results))
         elif csv_path:
-            Path(csv_path).write_text(report.csv_text(results))
+            from planner.io.safe_write import write_atomic
+
+            write_atomic(Path(csv_path), report.csv_text(results), force, "--csv")
+        if plot is not None:
+            from planner.cli.report.plot import plot_sweep
+
+            plot_sweep(results, plot, force)
         if as_json:
             report.emit(results)
-        else:
-            report.render(console, results)
+        elif csv_path != "-":
+            report.render(human_console(), results)
         raise typer.Exit(EXIT_FITS if any(r.top for r in results) else EXIT_DOES_NOT_FIT)
 
 
-def _run(spec, clusters, setup, constraints, sort, top, show_rejected, efficiency, console):
+def _run(spec, clusters, setups, constraints, sort, top, show_rejected, efficiency, console):
     """One sweep per GPU count, with a progress bar on stderr."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
@@ -190,7 +180,7 @@ def _run(spec, clusters, setup, constraints, sort, top, show_rejected, efficienc
     # a terminal gets a live bar; redirected stderr gets nothing extra
     with Progress(*columns, console=console, transient=True,
                   disable=not console.is_terminal) as progress:
-        for cl in clusters:
+        for cl, setup in zip(clusters, setups):
             task = progress.add_task(f"{cl.num_gpus} GPUs", total=None)
 
             def report_progress(done: int, total: int, task=task) -> None:

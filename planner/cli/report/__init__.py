@@ -1,4 +1,4 @@
-"""Rendering: rich tables to stderr for people, JSON to stdout for machines.
+"""Rendering: results on stdout (rich tables for people, JSON / CSV for machines); progress on stderr.
 
 One sub-module per command family (`report.fit`, `report.sweep`, ...); the shared helpers are here
 so every command formats bytes, times and JSON the same way.
@@ -11,24 +11,31 @@ import os
 import sys
 from typing import Any
 
-from pydantic import BaseModel
+from rich import box
 from rich.console import Console
+from rich.table import Table
 
 from planner.core.spec import GIB
 
 JSON_SCHEMA_VERSION = 1
 """Bumped when a `--json` field is renamed or removed (adding fields keeps the version)."""
 
-PIPE_WIDTH = 150
-"""Columns used when stderr is not a terminal (CI logs, pipes): wide enough for every table."""
+PIPE_WIDTH = 100
+"""Columns used when stdout is not a terminal (CI logs, pipes, files): tables fit 100 columns;
+a wider terminal (or COLUMNS) gets wider tables."""
 
 
 def human_console() -> Console:
-    """The console for human output: stderr, so stdout stays clean for `--json`."""
-    console = Console(stderr=True, highlight=False, soft_wrap=False)
+    """The console for results people read: stdout (`zplan fit > plan.txt`, `| less`)."""
+    console = Console(highlight=False, soft_wrap=False)
     if not console.is_terminal and "COLUMNS" not in os.environ:
-        console = Console(stderr=True, highlight=False, soft_wrap=False, width=PIPE_WIDTH)
+        console = Console(highlight=False, soft_wrap=False, width=PIPE_WIDTH)
     return console
+
+
+def progress_console() -> Console:
+    """The console for progress bars and diagnostics: stderr, so stdout holds only results."""
+    return Console(stderr=True, highlight=False, soft_wrap=False)
 
 
 def fmt_bytes(n_bytes: float) -> str:
@@ -60,9 +67,16 @@ def fmt_seconds(seconds: float) -> str:
     return f"{seconds / 86400:.1f} days"
 
 
-def emit_json(kind: str, payload: dict[str, Any] | BaseModel) -> None:
+def table(title: str, **kwargs: Any) -> Table:
+    """A table with a header rule and two spaces between columns (no side borders), so the
+    widest report fits 100 columns."""
+    return Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, show_edge=False,
+                 pad_edge=False, padding=(0, 1, 0, 0), collapse_padding=True, **kwargs)
+
+
+def emit_json(kind: str, payload: Any) -> None:
     """Write one JSON document to stdout: {"schema_version", "kind", ...payload}."""
-    body = payload.model_dump(mode="json") if isinstance(payload, BaseModel) else payload
+    body = payload if isinstance(payload, dict) else payload.model_dump(mode="json")
     doc = {"schema_version": JSON_SCHEMA_VERSION, "kind": kind, **body}
-    json.dump(doc, sys.stdout, indent=2)
+    json.dump(doc, sys.stdout, indent=2, allow_nan=False)  # strict JSON: no Infinity / NaN
     sys.stdout.write("\n")

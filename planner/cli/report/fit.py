@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 from rich.table import Table
 
 from planner.cli.report import emit_json, fmt_bytes, fmt_count, fmt_seconds, gib, human_console
+from planner.cli.report import table as new_table
 
 if TYPE_CHECKING:
     from planner.search.fitting import FitResult, ModelSummary
@@ -23,18 +24,25 @@ def _bar(used: int, capacity: int) -> str:
     return f"[{colour}]{'█' * filled}[/{colour}]{'·' * (BAR_WIDTH - filled)} {fraction:5.0%}"
 
 
-def memory_table(memory: MemoryPlan) -> Table:
-    """One row per pipeline stage: every part of the per-GPU bytes, total, headroom, bar."""
-    table = Table(title="Memory per GPU, per pipeline stage (GiB)", title_justify="left")
-    for header in ("stage", "layers", "params", "grads", "optimizer", "activations", "in flight",
-                   "buffers", "working", "total", "headroom", "use of GPU"):
+WIDE_COLUMNS = 130
+"""From this console width on, the memory table draws a bar instead of a percentage."""
+
+
+def memory_table(memory: MemoryPlan, wide: bool = False) -> Table:
+    """One row per pipeline stage: every part of the per-GPU bytes, total, headroom, use of the
+    GPU (a bar on a wide console, a percentage otherwise, so the table fits 100 columns)."""
+    table = new_table("Memory per GPU, per pipeline stage (GiB; in-flt: micro-batches in flight, free: headroom)")
+    for header in ("stage", "layers", "params", "grads", "optim.", "activ.", "in-flt",
+                   "buffers", "working", "total", "free", "use of GPU" if wide else "use"):
         table.add_column(header, justify="left" if header == "use of GPU" else "right", no_wrap=True)
     for s in memory.stages:
+        use = (_bar(s.total_bytes, s.capacity_bytes) if wide
+               else f"{s.total_bytes / s.capacity_bytes:.0%}" if s.capacity_bytes else "-")
         table.add_row(
             str(s.stage), str(s.num_layers), gib(s.params_bytes), gib(s.grads_bytes),
             gib(s.optimizer_bytes), gib(s.activations_bytes), str(s.in_flight_microbatches),
             gib(sum(s.buffers.values())), gib(sum(s.working.values())),
-            gib(s.total_bytes), gib(s.headroom_bytes), _bar(s.total_bytes, s.capacity_bytes),
+            gib(s.total_bytes), gib(s.headroom_bytes), use,
         )
     return table
 
@@ -72,19 +80,19 @@ def verdict_line(result: FitResult) -> str:
 
 
 def print_fit(result: FitResult) -> None:
-    """Human report of `zplan fit` on stderr."""
+    """Human report of `zplan fit` on stdout."""
     console = human_console()
     cluster = result.cluster
     console.print(
         f"[bold]{result.model.name}[/bold]: {fmt_count(result.params_total)} parameters  |  "
-        f"{cluster.name}: {cluster.num_gpus} x {cluster.gpu.name} ({cluster.num_nodes} nodes)  |  "
+        f"{cluster.name}: {cluster.num_gpus} x {cluster.gpu.name} ({cluster.num_nodes} node{'s' if cluster.num_nodes != 1 else ''})  |  "
         f"seq {result.setup.seq_len}, global batch {result.setup.global_batch}, "
         f"{result.setup.precision.name} + {result.setup.optimizer.name}"
     )
     label = "best layout found" if result.searched else "layout"
     console.print(f"{label}: {_layout_line(result)}")
     if result.memory is not None:
-        console.print(memory_table(result.memory))
+        console.print(memory_table(result.memory, wide=console.width >= WIDE_COLUMNS))
         node = result.memory.node
         console.print(
             f"per node: CPU {fmt_bytes(node.cpu_bytes)} of {fmt_bytes(node.cpu_capacity_bytes)}, "
@@ -104,8 +112,7 @@ def print_fit(result: FitResult) -> None:
 
 def strategy_table(result: FitResult) -> Table:
     """Minimum GPUs of each strategy."""
-    table = Table(title=f"Minimum GPUs per strategy ({result.cluster.gpu.name}, micro-batch 1, full recompute)",
-                  title_justify="left")
+    table = new_table(f"Minimum GPUs per strategy ({result.cluster.gpu.name}, micro-batch 1, full recompute)")
     table.add_column("strategy")
     table.add_column("min GPUs", justify="right")
     table.add_column("layout")
@@ -138,7 +145,7 @@ def print_model(summary: ModelSummary, json_out: bool) -> None:
         return
     console = human_console()
     count = summary.params
-    table = Table(title=f"{summary.model.name}: parameters", title_justify="left")
+    table = new_table(f"{summary.model.name}: parameters")
     table.add_column("part")
     table.add_column("parameters", justify="right")
     rows = [

@@ -1,4 +1,4 @@
-"""Rendering of `zplan infer` and `zplan budget`: rich tables on stderr, `--json` on stdout."""
+"""Rendering of `zplan infer` and `zplan budget`: rich tables and `--json` on stdout."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 from rich.table import Table
 
 from planner.cli.report import emit_json, fmt_count, fmt_seconds, gib, human_console
+from planner.cli.report import table as new_table
 from planner.memory.reserve import headroom_warning
 
 if TYPE_CHECKING:
@@ -49,7 +50,7 @@ def render_infer(plan: InferPlan, json_out: bool) -> None:
         f"[bold]{plan.model}[/bold] on [bold]{plan.gpu}[/bold]: {fmt_count(plan.params_total)} params, "
         f"weights {cfg.weights}, KV cache {cfg.kv_dtype}, tp={cfg.tp}, batch={cfg.batch}, "
         f"context={cfg.context:,}, account {mem.account}")
-    table = Table(title=f"Memory per GPU (one of {cfg.tp} tp ranks)", title_justify="left")
+    table = new_table(f"Memory per GPU (one of {cfg.tp} tp ranks)")
     table.add_column("part")
     table.add_column("GiB", justify="right")
     for name, value in _memory_rows(mem):
@@ -61,8 +62,8 @@ def render_infer(plan: InferPlan, json_out: bool) -> None:
     console.print(f"{verdict}{f' ({warning})' if warning else ''}; largest batch at context "
                   f"{cfg.context:,}: {plan.max_batch:,}; largest context at batch {cfg.batch}: "
                   f"{plan.max_context:,}; smallest tp that fits: {tp_text}")
-    speed = Table(title=f"Roofline bounds per tp rank ({plan.compute_dtype} peak × {plan.efficiency:.2f}, "
-                        "HBM peak); the tp ranks run each step together", title_justify="left")
+    speed = new_table(f"Roofline bounds per tp rank ({plan.compute_dtype} peak × {plan.efficiency:.2f}, "
+                        "HBM peak); the tp ranks run each step together")
     for header in ("phase", "FLOPs", "HBM GiB", "FLOP/byte", "ridge", "bound", "time ≥", "rate ≤"):
         speed.add_column(header, justify="left" if header in ("phase", "bound") else "right")
     _roofline_row(speed, "prefill", plan.prefill,

@@ -1,4 +1,4 @@
-"""Rendering of `zplan sweep`: ranked tables to stderr, JSON / CSV with every column."""
+"""Rendering of `zplan sweep`: ranked tables, JSON / CSV with every column."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from planner.cli.report import GIB, emit_json, fmt_seconds
+from planner.cli.report import table as new_table
 from planner.search.sweep import SweepResult, SweepRow
 
 
@@ -35,10 +36,10 @@ def _layout_cells(row: SweepRow) -> list[str]:
 
 def ranked_table(result: SweepResult) -> Table:
     """The top layouts, best first."""
-    table = Table(title=f"{result.model} on {result.cluster}: {result.num_gpus} GPUs, "
+    table = new_table(f"{result.model} on {result.cluster}: {result.num_gpus} GPUs, "
                         f"best {len(result.top)} of {result.fitting} fitting "
                         f"({result.evaluated} evaluated), by {result.sort}")
-    for name in ("#", "tp", "pp", "dp", "v", "states", "mb", "ga", "step", "tokens/s", "MFU",
+    for name in ("#", "tp", "pp", "dp", "v", "states", "mb", "ga", "step", "tok/s", "MFU",
                  "days", "GPU-h", "peak GiB", "free GiB"):
         table.add_column(name, justify="left" if name == "states" else "right")
     for rank, row in enumerate(result.top, start=1):
@@ -53,7 +54,7 @@ def ranked_table(result: SweepResult) -> Table:
 def breakdown_table(row: SweepRow) -> Table:
     """Where the best layout's step time goes."""
     est = row.estimate
-    table = Table(title=f"step time of #1 ({fmt_seconds(est.step_s)}, efficiency "
+    table = new_table(f"step time of #1 ({fmt_seconds(est.step_s)}, efficiency "
                         f"{est.compute_efficiency:.2f} of dense peak)")
     table.add_column("term")
     table.add_column("seconds", justify="right")
@@ -69,7 +70,7 @@ def breakdown_table(row: SweepRow) -> Table:
 
 def rejected_table(result: SweepResult) -> Table:
     """The fastest layouts that do not fit, and why."""
-    table = Table(title=f"fastest rejected layouts ({result.evaluated - result.fitting} rejected)")
+    table = new_table(f"fastest rejected layouts ({result.evaluated - result.fitting} rejected)")
     for name in ("tp", "pp", "dp", "v", "states", "mb", "ga", "step", "rejected because"):
         table.add_column(name, justify="left" if name in ("states", "rejected because") else "right")
     for row in result.rejected:
@@ -79,7 +80,7 @@ def rejected_table(result: SweepResult) -> Table:
 
 def scaling_table(results: list[SweepResult]) -> Table:
     """Best layout per GPU count; scaling efficiency = tokens/s per GPU vs the first count."""
-    table = Table(title="scaling: best layout per GPU count")
+    table = new_table("scaling: best layout per GPU count")
     for name in ("GPUs", "tp", "pp", "dp", "v", "states", "mb", "ga", "step", "tokens/s", "MFU",
                  "days", "scaling eff."):
         table.add_column(name, justify="left" if name == "states" else "right")
