@@ -480,8 +480,8 @@ def test_cli_llama3_70b_tp2_serving(zplan):
     assert over.returncode == 1
     table = zplan("infer", "--model", "llama3-70b", "--gpu", "h100-sxm", "--tp", "2", "--batch",
                   "3", "--context", "8192", "--weights", "bf16")
-    assert "GiB" in table.stderr and "bytes" not in table.stderr
-    assert "per tp group" in table.stderr and "per GPU" in table.stderr
+    assert "GiB" in table.stdout and "bytes" not in table.stdout
+    assert "per tp group" in table.stdout and "per GPU" in table.stdout
 
 
 @pytest.mark.cli
