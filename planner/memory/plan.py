@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from planner.memory import activations, model_states
 from planner.core import params
-from planner.core.errors import PlanInputError
+from planner.core import rules
+from planner.core.columns import LayoutColumns
 from planner.core.spec import GIB, Cluster, Frozen, Layout, ModelSpec, TrainSetup, ceil_div
 
 
@@ -63,51 +64,10 @@ class MemoryPlan(Frozen):
 
 
 def validate_layout(model: ModelSpec, cluster: Cluster, layout: Layout, setup: TrainSetup) -> None:
-    """Cross-field rules of model x cluster x layout x setup; each error names every factor."""
-    if layout.num_gpus != cluster.num_gpus:
-        raise PlanInputError(
-            "layout",
-            f"tp*pp*dp = {layout.tp}*{layout.pp}*{layout.dp} = {layout.num_gpus} must equal the "
-            f"cluster's GPUs {cluster.num_gpus} ({cluster.num_nodes} nodes x "
-            f"{cluster.node.gpus_per_node})",
-        )
-    for what, heads in (("num_heads", model.num_heads), ("num_kv_heads", model.kv_heads)):
-        if heads % layout.tp:
-            raise PlanInputError("tp", f"tp={layout.tp} must divide {what}={heads}")
-    if layout.pp * layout.virtual_stages > model.num_layers:
-        raise PlanInputError(
-            "pp",
-            f"pp*virtual_stages = {layout.pp}*{layout.virtual_stages} must not exceed "
-            f"num_layers={model.num_layers}",
-        )
-    if layout.virtual_stages > 1 and model.num_layers % (layout.pp * layout.virtual_stages):
-        raise PlanInputError(
-            "virtual_stages",
-            f"num_layers={model.num_layers} must be divisible by pp*virtual_stages = "
-            f"{layout.pp}*{layout.virtual_stages} for the interleaved schedule",
-        )
-    batch = layout.micro_batch * layout.grad_accum * layout.dp
-    if batch != setup.global_batch:
-        raise PlanInputError(
-            "global_batch",
-            f"micro_batch*grad_accum*dp = {layout.micro_batch}*{layout.grad_accum}*{layout.dp} = "
-            f"{batch} must equal global_batch={setup.global_batch}",
-        )
-    if setup.seq_len > model.max_seq_len:
-        raise PlanInputError(
-            "seq_len", f"seq_len={setup.seq_len} exceeds the model's max_seq_len={model.max_seq_len}"
-        )
-    most_layers = ceil_div(model.num_layers, layout.pp)  # the largest pipeline stage
-    if layout.recompute == "every_k" and layout.recompute_every_k > most_layers:
-        raise PlanInputError(
-            "recompute_every_k",
-            f"recompute_every_k={layout.recompute_every_k} exceeds the layers per stage "
-            f"{most_layers} (num_layers={model.num_layers}, pp={layout.pp})",
-        )
-    model_states.check_offload(layout)
-    nvme = "nvme" in (layout.offload_optimizer, layout.offload_params)
-    if nvme and cluster.node.nvme_bytes == 0:
-        raise PlanInputError("offload", f"NVMe offload asked but node {cluster.node.name} has no NVMe")
+    """Cross-field rules of model x cluster x layout x setup (planner.core.rules, the table the
+    sweep masks its candidates with); the first broken one raises a one-line PlanInputError
+    naming every factor."""
+    rules.check_layout(rules.Context(model, cluster, setup), LayoutColumns.from_layout(layout))
 
 
 def plan_memory(model: ModelSpec, cluster: Cluster, layout: Layout, setup: TrainSetup) -> MemoryPlan:

@@ -1,0 +1,104 @@
+"""Layouts as a structure of arrays: one numpy column per `Layout` field, one row per layout.
+
+The whole model (rules, parameters per stage, model states, buffers, activations, the busiest
+node, the step-time terms) is written over these columns once; `zplan fit` evaluates a
+length-1 instance (`LayoutColumns.from_layout`), `zplan sweep` millions of rows at once.
+Literal fields are stored as integer codes (index into `OFFLOAD_TARGETS`, `RECOMPUTE_MODES`);
+booleans as bool arrays. Fields that do not vary over a sweep (`flash_attention`, `tempo`,
+`buffers`) are not columns: they travel with the evaluation as plain values.
+
+Adding a layout field (e.g. an expert-parallel degree) is local: one entry in `FIELDS`, its
+default in `from_layout` / `to_layout` follows from `Layout`, and the rules / formulas that
+read it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping
+
+import numpy as np
+
+from planner.core.spec import EngineBuffers, Layout, OffloadTarget, RecomputeMode
+
+OFFLOAD_TARGETS: tuple[OffloadTarget, ...] = ("none", "cpu", "nvme")
+RECOMPUTE_MODES: tuple[RecomputeMode, ...] = ("none", "selective", "full", "every_k")
+
+CODED = {"offload_optimizer": OFFLOAD_TARGETS, "offload_params": OFFLOAD_TARGETS,
+         "recompute": RECOMPUTE_MODES}
+"""Literal fields stored as the index of their value."""
+FIELDS = ("tp", "pp", "dp", "virtual_stages", "zero_stage", "offload_optimizer", "offload_params",
+          "recompute", "recompute_every_k", "sequence_parallel", "micro_batch", "grad_accum")
+"""The varying Layout fields, each one column."""
+
+
+class LayoutColumns(Mapping[str, np.ndarray]):
+    """Columns named like `Layout`'s fields (a read-only mapping name -> 1-D array).
+
+    A column may be missing while a search is still being built (the rules then apply only
+    the rules whose fields are present, planner.core.rules.applicable)."""
+
+    __slots__ = ("_cols", "_n")
+
+    def __init__(self, cols: Mapping[str, np.ndarray]) -> None:
+        unknown = set(cols) - set(FIELDS)
+        if unknown:
+            raise KeyError(f"not a layout column: {', '.join(sorted(unknown))}")
+        self._cols = {k: np.asarray(v) for k, v in cols.items()}
+        lengths = {len(v) for v in self._cols.values()}
+        if len(lengths) > 1:
+            raise ValueError(f"columns of different lengths {sorted(lengths)}")
+        self._n = lengths.pop() if lengths else 0
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        return self._cols[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._cols)
+
+    def __len__(self) -> int:
+        return self._n
+
+    def take(self, index) -> LayoutColumns:
+        """The rows at `index` (an index array or a boolean mask)."""
+        return LayoutColumns({k: v[index] for k, v in self._cols.items()})
+
+    def with_columns(self, **cols: np.ndarray) -> LayoutColumns:
+        return LayoutColumns({**self._cols, **cols})
+
+    def row(self, i: int) -> dict[str, int]:
+        """Row i as plain Python ints (codes for literal fields)."""
+        return {k: int(v[i]) for k, v in self._cols.items()}
+
+    @classmethod
+    def from_layouts(cls, layouts: Iterable[Layout]) -> LayoutColumns:
+        layouts = list(layouts)
+        cols: dict[str, np.ndarray] = {}
+        for name in FIELDS:
+            values = [getattr(lay, name) for lay in layouts]
+            if name in CODED:
+                values = [CODED[name].index(v) for v in values]
+            dtype = bool if name == "sequence_parallel" else np.int64
+            cols[name] = np.array(values, dtype=dtype)
+        return cls(cols)
+
+    @classmethod
+    def from_layout(cls, layout: Layout) -> LayoutColumns:
+        """The length-1 instance of one typed layout."""
+        return cls.from_layouts([layout])
+
+    def to_layout(self, i: int, *, flash_attention: bool = False,
+                  buffers: EngineBuffers | None = None) -> Layout:
+        """The typed Layout of row i (fields missing from the columns take Layout's defaults)."""
+        fields: dict[str, object] = {}
+        for name, col in self._cols.items():
+            value = col[i]
+            if name in CODED:
+                fields[name] = CODED[name][int(value)]
+            elif name == "sequence_parallel":
+                fields[name] = bool(value)
+            else:
+                fields[name] = int(value)
+        extra: dict[str, object] = {"flash_attention": flash_attention}
+        if buffers is not None:
+            extra["buffers"] = buffers
+        return Layout(**fields, **extra)
