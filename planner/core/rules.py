@@ -82,12 +82,12 @@ def _most_layers(ctx: Context, pp):
     return -(-ctx.model.num_layers // pp)
 
 
-def _nvme_ready(ctx: Context) -> bool:
+def nvme_ready(ctx: Context) -> bool:
     """The node has NVMe capacity AND read and write bandwidth figures. Without the bandwidth
     the offload time cannot be computed (a zero bandwidth would be infinite speed), so NVMe
     offload is refused rather than timed at 0 s."""
     node = ctx.cluster.node
-    return node.nvme_bytes > 0
+    return node.nvme_bytes > 0 and node.nvme_read_gb_per_s > 0 and node.nvme_write_gb_per_s > 0
 
 
 def _nvme_message(ctx: Context, r: dict[str, int]) -> str:
@@ -169,7 +169,7 @@ RULES: tuple[Rule, ...] = LAYOUT_RULES + (
                        "ZeRO-1/2")),
     Rule("NVMe offload needs a node with NVMe capacity and bandwidth", "offload",
          ("offload_optimizer", "offload_params"),
-         lambda x, c: ~_uses_nvme(c) | _nvme_ready(x), _nvme_message),
+         lambda x, c: ~_uses_nvme(c) | nvme_ready(x), _nvme_message),
 )
 """Every layout rule, in the order `check_layout` reports them. The setup-only rule
 (seq_len <= max_seq_len) is `check_setup`."""

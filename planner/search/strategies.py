@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 
+from planner.core import rules
 from planner.core.errors import PlanInputError
 from planner.memory.plan import plan_memory
 from planner.core.spec import Cluster, Frozen, Layout, ModelSpec, TrainSetup
@@ -120,7 +121,7 @@ def _megatron_minimum(model: ModelSpec, cluster: Cluster, setup: TrainSetup) -> 
 
 def strategy_minimums(model: ModelSpec, cluster: Cluster, setup: TrainSetup) -> list[StrategyMinimum]:
     """The minimum GPU count of every strategy, in the order the seeds introduce them."""
-    has_nvme = cluster.node.nvme_bytes > 0
+    has_nvme = rules.nvme_ready(rules.Context(model, cluster, setup))  # the fit/sweep rule
     rows = [
         _ddp_minimum(model, cluster, setup),
         _zero_minimum("ZeRO-1", model, cluster, setup, zero_stage=1),

@@ -35,10 +35,15 @@ from planner.core import flops, params
 from planner.timing import steptime
 from planner.core.errors import PlanInputError
 from planner.core.recipes import optimizer_bytes_per_param
-from planner.core.spec import GIB, Cluster, Frozen, Layout, ModelSpec, OffloadTarget, TrainSetup
+from planner.core import rules
+from planner.core.columns import OFFLOAD_TARGETS, LayoutColumns
+from planner.core.spec import (
+    GIB, Cluster, EngineBuffers, Frozen, Layout, ModelSpec, OffloadTarget, TrainSetup)
 
-RECOMPUTE_MODES = ("none", "selective", "full")
-TARGETS: tuple[OffloadTarget, ...] = ("none", "cpu", "nvme")
+SEARCHED_RECOMPUTE = ("none", "selective", "full")
+"""Recompute modes the sweep enumerates (codes 0, 1, 2 of columns.RECOMPUTE_MODES)."""
+RECOMPUTE_MODES = SEARCHED_RECOMPUTE
+TARGETS: tuple[OffloadTarget, ...] = OFFLOAD_TARGETS
 
 
 class Constraints(Frozen):
@@ -60,6 +65,9 @@ class Constraints(Frozen):
     allow_cross_node_tp: bool = False
     flash_attention: bool = False
     """Fixed for every candidate (not a searched dimension)."""
+    buffers: EngineBuffers = EngineBuffers()
+    """The engines' bucket sizes of every candidate (e.g. a DeepSpeed config's), as
+    `Layout.buffers`: they reach the memory (buffers) and the step time (exposed last bucket)."""
 
 
 def _allowed(value, pinned) -> bool:
@@ -72,25 +80,26 @@ def _divisors(n: int) -> list[int]:
     return small + [n // d for d in reversed(small) if d * d != n]
 
 
-def _tp_ok(model: ModelSpec, tp: int) -> bool:
-    """tp splits heads, kv heads and MLP widths evenly (params / activations rules)."""
-    try:
-        params.layer_params_per_rank(model, tp)
-    except PlanInputError:
-        return False
-    return True
+def _ints(values) -> np.ndarray:
+    return np.asarray(values, dtype=np.int64)
+
+
+def _tp_ok(model: ModelSpec, cluster: Cluster, setup: TrainSetup, tps: list[int]) -> np.ndarray:
+    """The rule table's tp rule over a list of tp values."""
+    ok, _ = rules.mask(rules.Context(model, cluster, setup), LayoutColumns({"tp": _ints(tps)}))
+    return ok
 
 
 def structures(model: ModelSpec, cluster: Cluster, setup: TrainSetup,
                c: Constraints) -> list[tuple[int, int, int, int]]:
-    """Every (tp, pp, dp, v) the constraints and the divisibility rules allow."""
+    """Every (tp, pp, dp, v) the constraints allow, tp dividing the GPUs and the rule table's
+    tp rule, pp dividing the layers (even stages), dp = GPUs / (tp·pp) dividing the global
+    batch, v dividing the layers per stage. The rule table checks them again (`enumerate`)."""
     n, node = cluster.num_gpus, cluster.node.gpus_per_node
+    tps = [t for t in _divisors(n) if _allowed(t, c.tp) and t <= (c.max_tp or n)
+           and (t <= node or c.allow_cross_node_tp)]
     out = []
-    for tp in _divisors(n):
-        if not (_allowed(tp, c.tp) and tp <= (c.max_tp or n) and _tp_ok(model, tp)):
-            continue
-        if tp > node and not c.allow_cross_node_tp:
-            continue
+    for tp in (t for t, ok in zip(tps, _tp_ok(model, cluster, setup, tps)) if ok):
         for pp in _divisors(n // tp):
             dp = n // (tp * pp)
             if model.num_layers % pp or not _allowed(pp, c.pp) or pp > (c.max_pp or n):
@@ -103,24 +112,19 @@ def structures(model: ModelSpec, cluster: Cluster, setup: TrainSetup,
     return out
 
 
-def state_options(cluster: Cluster, c: Constraints) -> list[tuple[int, int, int]]:
-    """(zero stage, optimizer target, param target) combinations, as target codes 0/1/2."""
-    nvme = cluster.node.nvme_bytes > 0 and cluster.node.nvme_read_gb_per_s > 0 \
-        and cluster.node.nvme_write_gb_per_s > 0
-    out = []
-    for zero in (0, 1, 2, 3):
-        for opt in TARGETS:
-            for par in TARGETS:
-                if opt != "none" and zero == 0 or par != "none" and zero != 3:
-                    continue
-                if opt == "nvme" and zero != 3:  # DeepSpeed swaps optimizer state only in stage 3
-                    continue
-                if "nvme" in (opt, par) and not nvme:
-                    continue
-                if (_allowed(zero, c.zero_stage) and _allowed(opt, c.offload_optimizer)
-                        and _allowed(par, c.offload_params)):
-                    out.append((zero, TARGETS.index(opt), TARGETS.index(par)))
-    return out
+def state_options(model: ModelSpec, cluster: Cluster, setup: TrainSetup,
+                  c: Constraints) -> tuple[np.ndarray, dict[str, int]]:
+    """(zero stage, optimizer target, param target) rows as codes, allowed by the constraints
+    and the rule table (offload needs ZeRO, NVMe needs ZeRO-3 and a node with NVMe capacity and
+    bandwidth), and {rule: combinations it removed}."""
+    grid = [(z, o, p) for z in (0, 1, 2, 3) for o in range(3) for p in range(3)
+            if _allowed(z, c.zero_stage) and _allowed(TARGETS[o], c.offload_optimizer)
+            and _allowed(TARGETS[p], c.offload_params)]
+    rows = _ints(grid).reshape(-1, 3)
+    cols = LayoutColumns(dict(zero_stage=rows[:, 0], offload_optimizer=rows[:, 1],
+                              offload_params=rows[:, 2]))
+    ok, rejected = rules.mask(rules.Context(model, cluster, setup), cols)
+    return rows[ok], rejected
 
 
 # --------------------------------------------------------------------------- candidates
@@ -133,52 +137,57 @@ def micro_batch_options(setup: TrainSetup, c: Constraints) -> list[int]:
     return [2**k for k in range(setup.global_batch.bit_length()) if 2**k <= setup.global_batch]
 
 
-def enumerate_candidates(model: ModelSpec, cluster: Cluster, setup: TrainSetup,
-                         c: Constraints) -> dict[str, np.ndarray]:
-    """Every valid layout as parallel int64 arrays (one element per candidate).
+def enumerate_layouts(model: ModelSpec, cluster: Cluster, setup: TrainSetup,
+                      c: Constraints) -> tuple[LayoutColumns, dict[str, int]]:
+    """Every valid layout as `LayoutColumns`, and {rule: combinations it removed}.
 
-    First the (tp, pp, dp, v, micro-batch) pairs the batch arithmetic allows, then their product
-    with the ZeRO/offload, recompute and sequence-parallel options, then the cross rules."""
-    struct = np.array(structures(model, cluster, setup, c), dtype=np.int64).reshape(-1, 4)
-    micro = np.array(micro_batch_options(setup, c), dtype=np.int64)
+    First the (tp, pp, dp, v, micro-batch) combinations, masked by the rule table (batch
+    arithmetic, interleaving needs m divisible by pp, ...), then their product with the
+    ZeRO/offload, recompute and sequence-parallel options, masked again (sequence parallel
+    needs tp > 1 dividing seq_len). One search rule on top: ZeRO over one dp rank is DDP unless
+    it offloads, so it is not enumerated twice."""
+    ctx = rules.Context(model, cluster, setup)
+    struct = _ints(structures(model, cluster, setup, c)).reshape(-1, 4)
+    micro = _ints(micro_batch_options(setup, c))
     s_idx, b_idx = (a.ravel() for a in np.indices((len(struct), len(micro)), dtype=np.int64))
-    per_rank = setup.global_batch // struct[s_idx, 2]
-    b_all = micro[b_idx]
-    ok = per_rank % b_all == 0
-    ok &= (struct[s_idx, 3] == 1) | ((per_rank // b_all) % struct[s_idx, 1] == 0)  # Megatron:
-    s_idx, b_idx = s_idx[ok], b_idx[ok]  # interleaving needs m divisible by pp
-    states = np.array(state_options(cluster, c), dtype=np.int64).reshape(-1, 3)
-    recompute = np.array([i for i, r in enumerate(RECOMPUTE_MODES) if _allowed(r, c.recompute)],
-                         dtype=np.int64)
+    dp_s, b_s = struct[s_idx, 2], micro[b_idx]
+    pairs = LayoutColumns(dict(tp=struct[s_idx, 0], pp=struct[s_idx, 1], dp=dp_s,
+                               virtual_stages=struct[s_idx, 3], micro_batch=b_s,
+                               grad_accum=setup.global_batch // (dp_s * b_s)))
+    ok, rejected = rules.mask(ctx, pairs)
+    pairs = pairs.take(ok)
+    states, state_rejected = state_options(model, cluster, setup, c)
+    rejected |= state_rejected
+    recompute = _ints([i for i, r in enumerate(SEARCHED_RECOMPUTE) if _allowed(r, c.recompute)])
     seq_par = np.array([s for s in (False, True) if _allowed(s, c.sequence_parallel)], dtype=bool)
-    # Cross rules: sequence parallel splits the sequence over tp; ZeRO over one dp rank is DDP
-    # unless it offloads. Each involves the pair and one factor, so they are marked on the
-    # product (pairs x states x recompute x sp, in this nesting order) before any column is
-    # built, and only the survivors' columns are.
-    tp_s, dp_s = struct[s_idx, 0], struct[s_idx, 2]
-    sp_ok = ~seq_par | ((tp_s > 1) & (setup.seq_len % tp_s == 0))[:, None]
-    zero_ok = (dp_s > 1)[:, None] | (states[:, 0] == 0) | (states[:, 1] > 0) | (states[:, 2] > 0)
-    shape = (len(s_idx), len(states), len(recompute), len(seq_par))
-    ok = np.broadcast_to(zero_ok[:, :, None, None] & sp_ok[:, None, None, :], shape)
-    pair, state, r, s = np.nonzero(ok)  # in C order: the enumeration order
-    row, b = s_idx[pair], micro[b_idx[pair]]
-    tp, pp, dp, vs = (struct[:, k][row] for k in range(4))
-    zero, opt, par = (states[:, k][state] for k in range(3))
-    return dict(tp=tp, pp=pp, dp=dp, vs=vs, zero=zero, opt=opt, par=par, rec=recompute[r],
-                sp=seq_par[s], b=b, m=setup.global_batch // (dp * b))
+    # the product (pairs x states x recompute x sp, in this nesting order); the rules that read
+    # sequence_parallel and the DDP-equivalence pruning are marked on it before any column
+    sp_cols = LayoutColumns(dict(tp=np.repeat(pairs["tp"], len(seq_par)),
+                                 sequence_parallel=np.tile(seq_par, len(pairs))))
+    sp_ok, sp_rejected = rules.mask(ctx, sp_cols)
+    rejected |= sp_rejected
+    sp_ok = sp_ok.reshape(len(pairs), len(seq_par))
+    zero_ok = (pairs["dp"] > 1)[:, None] | (states[:, 0] == 0) | (states[:, 1] > 0) | (states[:, 2] > 0)
+    shape = (len(pairs), len(states), len(recompute), len(seq_par))
+    keep = np.broadcast_to(zero_ok[:, :, None, None] & sp_ok[:, None, None, :], shape)
+    pair, state, r, s = np.nonzero(keep)  # in C order: the enumeration order
+    cols = pairs.take(pair).with_columns(
+        zero_stage=states[state, 0], offload_optimizer=states[state, 1],
+        offload_params=states[state, 2], recompute=recompute[r], sequence_parallel=seq_par[s],
+        recompute_every_k=np.ones(len(pair), dtype=np.int64))
+    return cols, rejected
 
 
-def layout_at(cands: dict[str, np.ndarray], i: int, c: Constraints | None = None) -> Layout:
+def enumerate_candidates(model: ModelSpec, cluster: Cluster, setup: TrainSetup,
+                         c: Constraints) -> LayoutColumns:
+    """`enumerate_layouts` without the rejection counts."""
+    return enumerate_layouts(model, cluster, setup, c)[0]
+
+
+def layout_at(cands: LayoutColumns, i: int, c: Constraints | None = None) -> Layout:
     """The typed Layout of candidate i."""
-    return Layout(
-        tp=int(cands["tp"][i]), pp=int(cands["pp"][i]), dp=int(cands["dp"][i]),
-        virtual_stages=int(cands["vs"][i]), zero_stage=int(cands["zero"][i]),
-        offload_optimizer=TARGETS[int(cands["opt"][i])],
-        offload_params=TARGETS[int(cands["par"][i])],
-        recompute=RECOMPUTE_MODES[int(cands["rec"][i])],
-        sequence_parallel=bool(cands["sp"][i]), micro_batch=int(cands["b"][i]),
-        grad_accum=int(cands["m"][i]), flash_attention=bool(c and c.flash_attention),
-    )
+    c = c or Constraints()
+    return cands.to_layout(i, flash_attention=c.flash_attention, buffers=c.buffers)
 
 
 def _unique_ints(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -376,7 +385,7 @@ def kept_activation_bytes_b1(cands: dict[str, np.ndarray], chunk, first, last):
     """Peak kept activations of the first and last stage at micro_batch 1
     (`activations.stage_activations`): 1F1B holds min(p, m) micro-batches on stage 1 and one on
     stage p; interleaved stages take the replay's largest chunk-weighted state."""
-    pp, vs, m = cands["pp"], cands["vs"], cands["m"]
+    pp, vs, m = cands["pp"], cands["virtual_stages"], cands["grad_accum"]
     single = pp == 1  # one stage carries the embedding and the head
     f = np.minimum(pp, m) * (chunk + first + np.where(single, last, 0))
     lst = np.where(single, f, chunk + last)
@@ -416,11 +425,11 @@ def model_state_columns(cluster: Cluster, setup: TrainSetup, cands: dict[str, np
     ZeRO / offload state, and whether m > 1 (the only use `state_bytes` makes of m): a few
     hundred combinations for tens of thousands of candidates. Each combination is evaluated
     once, at one of its candidates, and the values are gathered back."""
-    zero, opt, par, m = (cands[k] for k in ("zero", "opt", "par", "m"))
+    zero, opt, par, m = (cands[k] for k in ("zero_stage", "offload_optimizer", "offload_params", "grad_accum"))
     keys, inv = _group(tp_pp_inv, zero, opt, par, m > 1)
     rep = _representatives(inv, len(keys))
     row = tp_pp_inv[rep]  # the (tp, pp) row of each combination
-    dp, zero, opt, par, m = (cands[k][rep] for k in ("dp", "zero", "opt", "par", "m"))
+    dp, zero, opt, par, m = (cands[k][rep] for k in ("dp", "zero_stage", "offload_optimizer", "offload_params", "grad_accum"))
     gpu, host = [], []
     for kind in (0, 1, 2):  # first, middle, last stage
         P = tables["params"][row, kind]
@@ -442,7 +451,7 @@ def evaluate(model: ModelSpec, cluster: Cluster, setup: TrainSetup, cands: dict[
              c: Constraints | None = None, efficiency: float | None = None) -> dict[str, np.ndarray]:
     """Memory (worst stage, busiest node) and step time of every candidate, as columns."""
     c = c or Constraints()
-    tp, pp, vs, rec, sp, b = (cands[k] for k in ("tp", "pp", "vs", "rec", "sp", "b"))
+    tp, pp, vs, rec, sp, b = (cands[k] for k in ("tp", "pp", "virtual_stages", "recompute", "sequence_parallel", "micro_batch"))
     keys, inv = _group(tp, pp)
     stage = [stage_table(model, t, p) for t, p in keys.tolist()]
     tables = {name: np.array([s[name] for s in stage], dtype=np.int64).reshape(-1, 3)
@@ -472,7 +481,7 @@ def _step_columns(model, cluster, setup, cands, c: Constraints, efficiency, laye
     r = steptime.cluster_rates(cluster, setup, efficiency)
     table = [flops.step_flops(model, setup, Layout(recompute=mode, flash_attention=c.flash_attention))
              for mode in RECOMPUTE_MODES]
-    rec = cands["rec"]
+    rec = cands["recompute"]
 
     def per_mode(name: str) -> np.ndarray:
         return np.array([getattr(t, name) for t in table], dtype=np.float64)[rec]
@@ -481,16 +490,16 @@ def _step_columns(model, cluster, setup, cands, c: Constraints, efficiency, laye
     per_gpu = layers * cands["pp"] / model.num_layers / r.num_gpus  # slowest stage's share
     prec = setup.precision
     token_b, score_b = steptime.elementwise_layer_bytes(
-        model, setup.seq_len, cands["b"], cands["tp"], cands["sp"], c.flash_attention,
+        model, setup.seq_len, cands["micro_batch"], cands["tp"], cands["sequence_parallel"], c.flash_attention,
         prec.activation_bytes)
     terms = steptime.step_terms(
-        r, tp=cands["tp"], pp=cands["pp"], dp=cands["dp"], vs=cands["vs"], zero=cands["zero"],
-        opt_target=cands["opt"], param_target=cands["par"], m=cands["m"], layers=layers,
-        act_bytes=cands["b"] * setup.seq_len * model.hidden_size * prec.activation_bytes,
-        sp=cands["sp"], tp_allreduces=allreduces[rec],
+        r, tp=cands["tp"], pp=cands["pp"], dp=cands["dp"], vs=cands["virtual_stages"], zero=cands["zero_stage"],
+        opt_target=cands["offload_optimizer"], param_target=cands["offload_params"], m=cands["grad_accum"], layers=layers,
+        act_bytes=cands["micro_batch"] * setup.seq_len * model.hidden_size * prec.activation_bytes,
+        sp=cands["sequence_parallel"], tp_allreduces=allreduces[rec],
         elementwise_bytes=steptime.elementwise_step_bytes(token_b, score_b, rec),
         elementwise_fwd_bytes=token_b + score_b,
-        shard_params=steptime.zero_shard_params(stage_params, cands["dp"], cands["zero"]),
+        shard_params=steptime.zero_shard_params(stage_params, cands["dp"], cands["zero_stage"]),
         stage_params=stage_params, grad_bytes=prec.grad_bytes, param_bytes=prec.param_bytes,
         optimizer_bytes=optimizer_bytes_per_param(prec, setup.optimizer),
         fwd_flops=per_mode("forward_flops") * per_gpu, bwd_flops=per_mode("backward_flops") * per_gpu,
@@ -558,6 +567,10 @@ class SweepResult(Frozen):
     top: list[SweepRow]
     rejected: list[SweepRow]
     """The best-ranked layouts that do not fit, with the reason."""
+    excluded: dict[str, int] = {}
+    """Layout rules (planner.core.rules) that removed combinations from the enumeration, with the
+    number of combinations each removed (counted where the rule was applied, before the
+    product with the other dimensions)."""
     empty_reason: str = ""
     """Why nothing fits, or why nothing was enumerated; empty when `top` is not."""
     seconds: float = 0.0
@@ -569,7 +582,7 @@ def evaluate_all(model, cluster, setup, cands, c, efficiency=None,
     total = len(cands["tp"])
     parts = []
     for start in range(0, max(total, 1), CHUNK):
-        part = {k: v[start:start + CHUNK] for k, v in cands.items()}
+        part = cands.take(slice(start, start + CHUNK))
         parts.append(evaluate(model, cluster, setup, part, c, efficiency))
         if progress:
             progress(min(start + CHUNK, total), total)
@@ -649,13 +662,13 @@ def explain_empty(model: ModelSpec, cluster: Cluster, setup: TrainSetup, c: Cons
             if v is not None and k not in ("allow_cross_node_tp", "flash_attention")}
     for name in pins:
         relaxed = c.model_copy(update={name: None})
-        count = len(enumerate_candidates(model, cluster, setup, relaxed)["tp"])
+        count = len(enumerate_candidates(model, cluster, setup, relaxed))
         if count:
             return (f"the constraint {name}={pins[name]} rules out every layout "
                     f"({count} layouts without it)")
     n = cluster.num_gpus
     if not c.allow_cross_node_tp and not any(
-            _tp_ok(model, t) for t in _divisors(n) if t <= cluster.node.gpus_per_node):
+            _tp_ok(model, cluster, setup, [t for t in _divisors(n) if t <= cluster.node.gpus_per_node])):
         return "no tp within a node divides the heads, kv heads and MLP width (try --allow-cross-node-tp)"
     return (f"no tp*pp*dp = {n} with tp | heads ({model.num_heads}), pp | layers "
             f"({model.num_layers}) and dp | global_batch ({setup.global_batch}), "
@@ -679,21 +692,19 @@ def sweep(model: ModelSpec, cluster: Cluster, setup: TrainSetup, constraints: Co
     """Enumerate, evaluate and rank every layout of `cluster`'s GPU count."""
     start = time.perf_counter()
     c = constraints or Constraints()
-    if setup.seq_len > model.max_seq_len:
-        raise PlanInputError("seq_len", f"seq_len={setup.seq_len} exceeds the model's "
-                                        f"max_seq_len={model.max_seq_len}")
+    rules.check_setup(model, setup)
     steptime.cluster_rates(cluster, setup, efficiency)  # input errors before any work
     check_sort(sort)
-    cands = enumerate_candidates(model, cluster, setup, c)
-    n = len(cands["tp"])
+    cands, excluded = enumerate_layouts(model, cluster, setup, c)
+    n = len(cands)
     base = dict(model=model.name, cluster=cluster.name, num_gpus=cluster.num_gpus, sort=sort,
-                evaluated=n)
+                evaluated=n, excluded=excluded)
     if n == 0:
         return SweepResult(**base, fitting=0, rejected_gpu=0, rejected_cpu=0, rejected_nvme=0,
                            top=[], rejected=[], empty_reason=explain_empty(model, cluster, setup, c),
                            seconds=time.perf_counter() - start)
     cols = evaluate_all(model, cluster, setup, cands, c, efficiency, progress)
-    cols |= {"opt": cands["opt"], "par": cands["par"]}  # offload codes for tie-breaking
+    cols |= {"opt": cands["offload_optimizer"], "par": cands["offload_params"]}  # offload codes for tie-breaking
     ok = fit_masks(cols, cluster)
     fits = ok[0] & ok[1] & ok[2]
     good = rank_order(cols, np.nonzero(fits)[0], sort, top)

@@ -299,7 +299,7 @@ def cluster_rates(cluster: Cluster, setup: TrainSetup, efficiency: float | None 
         inter_bw_per_gpu=cluster.inter_node_bytes_per_s / node.gpus_per_node,
         inter_lat=cluster.inter_node_latency_us * US,
         pcie_bw=node.pcie_bytes_per_s,
-        # 0 means "no NVMe": a placeholder that is never used (NVMe layouts are refused then)
+        # 0 means "no NVMe": never used, NVMe layouts are refused then (planner.core.rules)
         nvme_read_bw=node.nvme_read_gb_per_s * GB or math.inf,
         nvme_write_bw=node.nvme_write_gb_per_s * GB or math.inf,
         cpu_adam_params_per_s=node.cpu_adam_params_per_s,
