@@ -72,3 +72,35 @@ def test_mask_and_error_come_from_the_same_rule():
         else:
             with pytest.raises(PlanInputError):
                 rules.check_layout(ctx, cols, i)
+
+
+def test_sweep_counts_the_layouts_bucket_sizes():
+    """Divergence 2 of issue 9: a DeepSpeed config's bucket sizes (Layout.buffers) reached fit's
+    memory and step time but not the sweep's. With non-default buckets the sweep's columns equal
+    plan_memory / estimate_step of the same Layout (buffers included) and differ from the
+    defaults' by the hand-counted bucket bytes."""
+    from planner.core.spec import EngineBuffers
+    from planner.timing.steptime import estimate_step
+
+    cluster, setup = make_cluster(), make_setup(8)
+    buffers = EngineBuffers(reduce_bucket_elements=1_000_000, ddp_bucket_bytes=1_048_576,
+                            max_live_parameters=0, prefetch_bucket_elements=0,
+                            param_persistence_threshold=0)
+    c = sweep.Constraints(buffers=buffers)
+    cands = sweep.enumerate_candidates(TINY, cluster, setup, c)
+    cols = sweep.evaluate(TINY, cluster, setup, cands, c)
+    default_cols = sweep.evaluate(TINY, cluster, setup, cands, sweep.Constraints())
+    zero1 = [i for i in range(len(cands)) if cands["zero_stage"][i] == 1
+             and cands["offload_optimizer"][i] == 0]
+    assert zero1
+    for i in zero1[:5] + list(range(0, len(cands), max(1, len(cands) // 40))):
+        layout = sweep.layout_at(cands, i, c)
+        assert layout.buffers == buffers
+        mem = plan_memory(TINY, cluster, layout, setup)
+        assert int(cols["gpu_peak_bytes"][i]) == max(s.total_bytes for s in mem.stages)
+        assert float(cols["step_s"][i]) == estimate_step(TINY, cluster, layout, setup).step_s
+    # ZeRO-1 without offload: the reduce bucket is allocated whole in the 16-bit dtype
+    # (model_states.buffer_bytes): 5e8 x 2 bytes by default, 1e6 x 2 bytes here
+    i = zero1[0]
+    assert int(default_cols["gpu_peak_bytes"][i]) - int(cols["gpu_peak_bytes"][i]) == \
+        (500_000_000 - 1_000_000) * 2

@@ -235,14 +235,16 @@ def _representatives(inverse: np.ndarray, groups: int) -> np.ndarray:
 # --------------------------------------------------------------------------- per-combination tables
 
 
-def stage_table(model: ModelSpec, tp: int, pp: int) -> dict[str, tuple[int, int, int]]:
+def stage_table(model: ModelSpec, tp: int, pp: int,
+                threshold: int = model_states.DEFAULT_BUFFERS.param_persistence_threshold,
+                ) -> dict[str, tuple[int, int, int]]:
     """Scalar facts of the first, a middle and the last stage (params, model_states): parameters
     per GPU, largest tensor, ZeRO-3 persistent elements; a middle stage exists when pp >= 3."""
     stages = params.stage_params(model, tp, pp)
     kinds = (stages[0], stages[1] if pp >= 3 else stages[0], stages[-1])
     distinct = {s.stage: s for s in kinds}  # pp = 1 and 2 repeat a stage
     largest = {i: params.largest_param_numel(model, tp, i, pp) for i in distinct}
-    persistent = {i: model_states.zero3_persistent_numel(model, tp, s, pp)
+    persistent = {i: model_states.zero3_persistent_numel(model, tp, s, pp, threshold)
                   for i, s in distinct.items()}
     return {
         "params": tuple(s.total for s in kinds),
@@ -368,11 +370,10 @@ def state_bytes(P, dp, zero, opt, par, m, setup: TrainSetup):
     return par_b + grads + opt_gpu, cpu, nvme
 
 
-def buffers_total(P, largest, persistent, zero, opt, setup: TrainSetup):
-    """Sum of `model_states.buffer_bytes` over arrays, at the engines' default bucket sizes
-    (the sweep enumerates default `Layout.buffers` only)."""
+def buffers_total(P, largest, persistent, zero, opt, setup: TrainSetup,
+                  sizes: EngineBuffers = model_states.DEFAULT_BUFFERS):
+    """Sum of `model_states.buffer_bytes` over arrays, at the candidates' bucket sizes."""
     pb, gb = setup.precision.param_bytes, setup.precision.grad_bytes
-    sizes = model_states.DEFAULT_BUFFERS
     ddp = np.minimum(sizes.ddp_bucket_bytes, P * gb)
     zero_b = np.full_like(P, sizes.reduce_bucket_elements * pb)  # allocated whole
     zero_b = zero_b + np.where((opt > 0) & (zero < 3), largest * pb, 0)
@@ -416,8 +417,9 @@ def node_counts(cluster: Cluster, keys: np.ndarray) -> np.ndarray:
     return counts
 
 
-def model_state_columns(cluster: Cluster, setup: TrainSetup, cands: dict[str, np.ndarray],
-                        tp_pp: np.ndarray, tp_pp_inv: np.ndarray, tables: dict[str, np.ndarray]):
+def model_state_columns(cluster: Cluster, setup: TrainSetup, cands: LayoutColumns,
+                        tp_pp: np.ndarray, tp_pp_inv: np.ndarray, tables: dict[str, np.ndarray],
+                        buffers: EngineBuffers = model_states.DEFAULT_BUFFERS):
     """(first-stage GPU, last-stage GPU, busiest node CPU, busiest node NVMe) bytes of model
     states and buffers, per candidate.
 
@@ -435,7 +437,7 @@ def model_state_columns(cluster: Cluster, setup: TrainSetup, cands: dict[str, np
         P = tables["params"][row, kind]
         g, cpu, nvme = state_bytes(P, dp, zero, opt, par, m, setup)
         g = g + buffers_total(P, tables["largest"][row, kind], tables["persistent"][row, kind],
-                              zero, opt, setup)
+                              zero, opt, setup, buffers)
         gpu.append(g)
         host.append((cpu, nvme))
     counts = node_counts(cluster, tp_pp)[row]  # (combinations, node rows, 3 stage kinds)
@@ -453,7 +455,8 @@ def evaluate(model: ModelSpec, cluster: Cluster, setup: TrainSetup, cands: dict[
     c = c or Constraints()
     tp, pp, vs, rec, sp, b = (cands[k] for k in ("tp", "pp", "virtual_stages", "recompute", "sequence_parallel", "micro_batch"))
     keys, inv = _group(tp, pp)
-    stage = [stage_table(model, t, p) for t, p in keys.tolist()]
+    threshold = c.buffers.param_persistence_threshold
+    stage = [stage_table(model, t, p, threshold) for t, p in keys.tolist()]
     tables = {name: np.array([s[name] for s in stage], dtype=np.int64).reshape(-1, 3)
               for name in STAGE_FIELDS}  # (tp, pp) rows x (first, middle, last stage)
 
@@ -464,7 +467,7 @@ def evaluate(model: ModelSpec, cluster: Cluster, setup: TrainSetup, cands: dict[
     chunk = block * (model.num_layers // (pp * vs))  # blocks per model chunk (pp | layers)
     kept_f, kept_l = kept_activation_bytes_b1(cands, chunk, first_x, last_x)
     states_first, states_last, node_cpu, node_nvme = model_state_columns(
-        cluster, setup, cands, keys, inv, tables)
+        cluster, setup, cands, keys, inv, tables, c.buffers)
     gpu_first = states_first + b * (kept_f + working)
     gpu_last = states_last + b * (kept_l + working)
     peak = np.maximum(gpu_first, gpu_last)
@@ -504,6 +507,8 @@ def _step_columns(model, cluster, setup, cands, c: Constraints, efficiency, laye
         optimizer_bytes=optimizer_bytes_per_param(prec, setup.optimizer),
         fwd_flops=per_mode("forward_flops") * per_gpu, bwd_flops=per_mode("backward_flops") * per_gpu,
         recompute_flops=per_mode("recompute_flops") * per_gpu,
+        reduce_bucket_elements=c.buffers.reduce_bucket_elements,
+        ddp_bucket_bytes=c.buffers.ddp_bucket_bytes,
     )
     rates = steptime.rate_terms(r, terms["step_s"], setup.global_batch * setup.seq_len,
                                 per_mode("model_flops"), per_mode("hardware_flops"),
