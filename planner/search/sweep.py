@@ -26,7 +26,6 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from fractions import Fraction
 
 import numpy as np
 
@@ -338,48 +337,14 @@ def interleaved_fronts(p, rank, v, m, chunk) -> np.ndarray:
 # --------------------------------------------------------------------------- memory, vectorised
 
 
-def _ceil_k(numel: np.ndarray, k: Fraction) -> np.ndarray:
-    """ceil(K x numel) exactly (model_states.optimizer_state_bytes) in int64."""
-    return -((-numel * k.numerator) // k.denominator)
-
-
 def state_bytes(P, dp, zero, opt, par, m, setup: TrainSetup):
-    """(gpu, cpu, nvme) model-state bytes per GPU: `model_states.model_state_bytes` over arrays."""
-    prec = setup.precision
-    k = Fraction(optimizer_bytes_per_param(prec, setup.optimizer))
-    pb, gb = prec.param_bytes, prec.grad_bytes
-    part = model_states.partition_numel(P, dp)  # ceil(P / dp), DeepSpeed's padded partition
-    par_b = pb * np.where(zero == 3, part, P)
-    grads = gb * np.where(zero >= 2, part, P)
-    opt_gpu = _ceil_k(np.where(zero == 0, P, part), k)
-    off = opt > 0
-    opt_gpu = np.where(off, 0, opt_gpu)
-    grads = np.where(off & (zero >= 2), 0, grads)
-    far = _ceil_k(part, k) + max(0, model_states.FP32_BYTES - prec.optimizer_grad_copy_bytes) * part
-    swap = model_states.DS_OPTIMIZER_SWAP_BUFFER_COUNT * model_states.aio_aligned_numel(
-        np.minimum(part, model_states.DS_SUB_GROUP_ELEMENTS), model_states.FP32_BYTES
-    ) * model_states.FP32_BYTES  # model_states.optimizer_swap_buffer_bytes over arrays
-    near_z3 = gb * part + np.where(opt == 2, swap, 0)  # grad partition (+ NVMe swap buffers)
-    near_z12 = pb * part + np.where(m > 1, pb * part, 0)  # bit16 buffer (+ accumulated grads)
-    cpu = np.where(off, np.where(opt == 1, far, 0) + np.where(zero == 3, near_z3, near_z12), 0)
-    nvme = np.where(opt == 2, far, 0)
-    param_swap = model_states.param_swap_buffer_bytes(pb)
-    cpu = cpu + np.where(par == 1, par_b, 0) + np.where(par == 2, param_swap, 0)
-    nvme = nvme + np.where(par == 2, par_b, 0)
-    par_b = np.where(par > 0, 0, par_b)
-    return par_b + grads + opt_gpu, cpu, nvme
-
-
-def buffers_total(P, largest, persistent, zero, opt, setup: TrainSetup,
-                  sizes: EngineBuffers = model_states.DEFAULT_BUFFERS):
-    """Sum of `model_states.buffer_bytes` over arrays, at the candidates' bucket sizes."""
-    pb, gb = setup.precision.param_bytes, setup.precision.grad_bytes
-    ddp = np.minimum(sizes.ddp_bucket_bytes, P * gb)
-    zero_b = np.full_like(P, sizes.reduce_bucket_elements * pb)  # allocated whole
-    zero_b = zero_b + np.where((opt > 0) & (zero < 3), largest * pb, 0)
-    live = np.maximum(max(sizes.max_live_parameters, sizes.prefetch_bucket_elements), largest)
-    zero_b = zero_b + np.where(zero == 3, np.minimum(live, P) * pb + persistent * pb, 0)
-    return np.where(zero == 0, ddp, zero_b)
+    """(gpu, cpu, nvme) model-state bytes per GPU of each row: `model_states.state_parts`
+    summed (the only formula; kept for callers that hold bare arrays)."""
+    cols = LayoutColumns(dict(dp=dp, zero_stage=zero, offload_optimizer=opt, offload_params=par,
+                              grad_accum=m))
+    parts = model_states.state_parts(P, cols, setup.precision, setup.optimizer)
+    like = np.asarray(P) * 0 + cols["dp"] * 0
+    return tuple(model_states.parts_total(p, like) for p in parts[:3])
 
 
 def kept_activation_bytes_b1(cands: dict[str, np.ndarray], chunk, first, last):
@@ -427,19 +392,22 @@ def model_state_columns(cluster: Cluster, setup: TrainSetup, cands: LayoutColumn
     ZeRO / offload state, and whether m > 1 (the only use `state_bytes` makes of m): a few
     hundred combinations for tens of thousands of candidates. Each combination is evaluated
     once, at one of its candidates, and the values are gathered back."""
-    zero, opt, par, m = (cands[k] for k in ("zero_stage", "offload_optimizer", "offload_params", "grad_accum"))
-    keys, inv = _group(tp_pp_inv, zero, opt, par, m > 1)
+    keys, inv = _group(tp_pp_inv, *(cands[k] for k in ("zero_stage", "offload_optimizer",
+                                                      "offload_params")), cands["grad_accum"] > 1)
     rep = _representatives(inv, len(keys))
     row = tp_pp_inv[rep]  # the (tp, pp) row of each combination
-    dp, zero, opt, par, m = (cands[k][rep] for k in ("dp", "zero_stage", "offload_optimizer", "offload_params", "grad_accum"))
+    sub = cands.take(rep)
     gpu, host = [], []
     for kind in (0, 1, 2):  # first, middle, last stage
         P = tables["params"][row, kind]
-        g, cpu, nvme = state_bytes(P, dp, zero, opt, par, m, setup)
-        g = g + buffers_total(P, tables["largest"][row, kind], tables["persistent"][row, kind],
-                              zero, opt, setup, buffers)
-        gpu.append(g)
-        host.append((cpu, nvme))
+        states = model_states.state_parts(P, sub, setup.precision, setup.optimizer)
+        buffers_parts = model_states.buffer_parts(
+            P, tables["largest"][row, kind], tables["persistent"][row, kind], sub,
+            setup.precision, buffers)
+        gpu.append(model_states.parts_total(states.gpu, P)
+                   + model_states.parts_total(buffers_parts, P))
+        host.append((model_states.parts_total(states.cpu, P),
+                     model_states.parts_total(states.nvme, P)))
     counts = node_counts(cluster, tp_pp)[row]  # (combinations, node rows, 3 stage kinds)
     node_cpu = np.max(sum(counts[:, :, k] * host[k][0][:, None] for k in range(3)), axis=1)
     node_nvme = np.max(sum(counts[:, :, k] * host[k][1][:, None] for k in range(3)), axis=1)
