@@ -30,10 +30,9 @@ from collections.abc import Callable
 import numpy as np
 
 from planner.memory import activations, model_states
-from planner.core import flops, params
+from planner.core import params
 from planner.timing import steptime
 from planner.core.errors import PlanInputError
-from planner.core.recipes import optimizer_bytes_per_param
 from planner.core import rules
 from planner.core.columns import OFFLOAD_TARGETS, LayoutColumns
 from planner.core.spec import (
@@ -442,53 +441,10 @@ def evaluate(model: ModelSpec, cluster: Cluster, setup: TrainSetup, cands: dict[
     capacity = cluster.gpu.memory_bytes
     out = dict(gpu_peak_bytes=peak, peak_stage=np.where(gpu_last > gpu_first, pp, 1),
                headroom_bytes=capacity - peak, node_cpu_bytes=node_cpu, node_nvme_bytes=node_nvme)
-    out |= _step_columns(model, cluster, setup, cands, c, efficiency,
-                         tables["max_layers"][inv, 0], tables["max_params"][inv, 0])
+    out |= steptime.step_columns(model, cluster, setup, cands, tables["max_layers"][inv, 0],
+                                 tables["max_params"][inv, 0], flash_attention=c.flash_attention,
+                                 buffers=c.buffers, efficiency=efficiency)
     return out
-
-
-def _step_columns(model, cluster, setup, cands, c: Constraints, efficiency, layers, stage_params):
-    """`steptime.step_terms` over the candidate arrays, FLOPs per recompute mode from flops."""
-    r = steptime.cluster_rates(cluster, setup, efficiency)
-    table = [flops.step_flops(model, setup, Layout(recompute=mode, flash_attention=c.flash_attention))
-             for mode in RECOMPUTE_MODES]
-    rec = cands["recompute"]
-
-    def per_mode(name: str) -> np.ndarray:
-        return np.array([getattr(t, name) for t in table], dtype=np.float64)[rec]
-
-    allreduces = np.array([steptime.tp_allreduces_per_layer(mode) for mode in RECOMPUTE_MODES])
-    per_gpu = layers * cands["pp"] / model.num_layers / r.num_gpus  # slowest stage's share
-    prec = setup.precision
-    token_b, score_b = steptime.elementwise_layer_bytes(
-        model, setup.seq_len, cands["micro_batch"], cands["tp"], cands["sequence_parallel"], c.flash_attention,
-        prec.activation_bytes)
-    terms = steptime.step_terms(
-        r, tp=cands["tp"], pp=cands["pp"], dp=cands["dp"], vs=cands["virtual_stages"], zero=cands["zero_stage"],
-        opt_target=cands["offload_optimizer"], param_target=cands["offload_params"], m=cands["grad_accum"], layers=layers,
-        act_bytes=cands["micro_batch"] * setup.seq_len * model.hidden_size * prec.activation_bytes,
-        sp=cands["sequence_parallel"], tp_allreduces=allreduces[rec],
-        elementwise_bytes=steptime.elementwise_step_bytes(token_b, score_b, rec),
-        elementwise_fwd_bytes=token_b + score_b,
-        shard_params=steptime.zero_shard_params(stage_params, cands["dp"], cands["zero_stage"]),
-        stage_params=stage_params, grad_bytes=prec.grad_bytes, param_bytes=prec.param_bytes,
-        optimizer_bytes=optimizer_bytes_per_param(prec, setup.optimizer),
-        fwd_flops=per_mode("forward_flops") * per_gpu, bwd_flops=per_mode("backward_flops") * per_gpu,
-        recompute_flops=per_mode("recompute_flops") * per_gpu,
-        reduce_bucket_elements=c.buffers.reduce_bucket_elements,
-        ddp_bucket_bytes=c.buffers.ddp_bucket_bytes,
-    )
-    rates = steptime.rate_terms(r, terms["step_s"], setup.global_batch * setup.seq_len,
-                                per_mode("model_flops"), per_mode("hardware_flops"),
-                                setup.train_tokens)
-    cols = {**terms, **rates, "efficiency": r.efficiency}
-    return {k: _float_column(v, rec.shape) for k, v in cols.items()}
-
-
-def _float_column(value, shape: tuple[int, ...]) -> np.ndarray:
-    """A float64 column of `shape`: the array itself when it already is one (no copy)."""
-    value = np.asarray(value, dtype=np.float64)
-    return value if value.shape == shape else np.broadcast_to(value, shape).copy()
 
 
 # --------------------------------------------------------------------------- ranking
