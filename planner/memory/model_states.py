@@ -84,7 +84,12 @@ def partition_numel(num_params, dp):
 
 
 def _ceil_times(numel, k: Fraction):
-    """ceil(k x numel), exact for integers and integer arrays (no float)."""
+    """ceil(k x numel), exact for integers and integer arrays (no float). An int64 array whose
+    product with k's numerator could pass 2^63 (a user optimizer with a non-binary fractional
+    overhead) is computed in Python ints and returned as float64 (exact below 2^53 bytes)."""
+    if isinstance(numel, np.ndarray) and numel.dtype.kind in "iu" and numel.size \
+            and int(numel.max()) * k.numerator >= 2**63:
+        return (-((-numel.astype(object) * k.numerator) // k.denominator)).astype(np.float64)
     return -((-numel * k.numerator) // k.denominator)
 
 

@@ -429,7 +429,7 @@ def evaluate(model: ModelSpec, cluster: Cluster, setup: TrainSetup, cands: dict[
 
     akeys, ainv = _group(tp, rec, sp)
     act = np.array([activation_table(model, setup, t, r, bool(s), c.flash_attention)
-                    for t, r, s in akeys.tolist()], dtype=np.int64).reshape(-1, 4)
+                    for t, r, s in akeys.tolist()], dtype=np.float64).reshape(-1, 4)
     block, first_x, last_x, working = (act[:, k][ainv] for k in range(4))
     chunk = block * (model.num_layers // (pp * vs))  # blocks per model chunk (pp | layers)
     kept_f, kept_l = kept_activation_bytes_b1(cands, chunk, first_x, last_x)

@@ -116,7 +116,7 @@ def elementwise_layer_bytes(model: ModelSpec, seq_len, micro_batch, tp, sp, flas
     unless sequence parallel splits them; the MLP and the scores are split by tp. Flash
     attention keeps the scores on chip (Dao et al. 2022 §3.1).
     """
-    tokens = seq_len * micro_batch
+    tokens = np.multiply(seq_len, micro_batch, dtype=np.float64)  # no int64 wrap at 10M x 1M
     mask = 1 if model.dropout else 0  # dropout masks: 1 byte per element
     e = elem_bytes
     replicated = tokens * model.hidden_size * (2 * 2 * e + 2 * (3 * e + mask))  # 2 LN + 2 BDA
