@@ -59,8 +59,11 @@ class LayoutColumns(Mapping[str, np.ndarray]):
         return self._n
 
     def take(self, index) -> LayoutColumns:
-        """The rows at `index` (an index array or a boolean mask)."""
-        return LayoutColumns({k: v[index] for k, v in self._cols.items()})
+        """The rows at `index` (an index array, a slice or a boolean mask)."""
+        out = LayoutColumns.__new__(LayoutColumns)  # same names, same lengths: no re-check
+        out._cols = {k: v[index] for k, v in self._cols.items()}
+        out._n = len(next(iter(out._cols.values()))) if out._cols else 0
+        return out
 
     def with_columns(self, **cols: np.ndarray) -> LayoutColumns:
         return LayoutColumns({**self._cols, **cols})

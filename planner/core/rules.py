@@ -20,6 +20,7 @@ stage 3; NVMe optimizer swapping exists only in stage3.py), Korthikanti et al. 2
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -214,6 +215,12 @@ def check_layout(ctx: Context, cols: LayoutColumns, row: int = 0) -> None:
 def layout_error(layout_fields: dict[str, int]) -> str | None:
     """The first broken `LAYOUT_RULES` rule of one layout's coded fields, or None
     (`Layout`'s validator; no model, cluster or setup needed)."""
+    return _layout_error(tuple(sorted(layout_fields.items())))
+
+
+@functools.lru_cache(maxsize=4096)
+def _layout_error(items: tuple[tuple[str, int], ...]) -> str | None:
+    layout_fields = dict(items)
     cols = LayoutColumns({k: np.array([v]) for k, v in layout_fields.items()})
     for rule in applicable(cols, LAYOUT_RULES):
         if not bool(np.asarray(rule.ok(None, cols), dtype=bool).reshape(-1)[0]):  # type: ignore[arg-type]

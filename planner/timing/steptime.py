@@ -445,7 +445,7 @@ def step_columns(model: ModelSpec, cluster: Cluster, setup: TrainSetup, cols: La
     FLOPs come from planner.core.flops once per recompute mode present."""
     r = cluster_rates(cluster, setup, efficiency)
     rec = cols["recompute"]
-    codes = np.unique(rec)
+    codes = np.flatnonzero(np.bincount(rec, minlength=len(RECOMPUTE_MODES)))
     table = {int(k): flops_mod.step_flops(model, setup, Layout(
         recompute=RECOMPUTE_MODES[int(k)], flash_attention=flash_attention)) for k in codes}
 
