@@ -34,7 +34,7 @@ from planner.core import params
 from planner.timing import steptime
 from planner.core.errors import PlanInputError
 from planner.core import rules
-from planner.core.columns import OFFLOAD_TARGETS, LayoutColumns
+from planner.core.columns import OFFLOAD_TARGETS, LayoutColumns, group_rows, representatives
 from planner.core.spec import (
     GIB, Cluster, EngineBuffers, Frozen, Layout, ModelSpec, OffloadTarget, TrainSetup)
 
@@ -188,46 +188,8 @@ def layout_at(cands: LayoutColumns, i: int, c: Constraints | None = None) -> Lay
     return cands.to_layout(i, flash_attention=c.flash_attention, buffers=c.buffers)
 
 
-def _unique_ints(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """`np.unique(values, return_inverse=True)` for non-negative integers: with a presence
-    table (linear, no sort) when the range is small, else `np.unique`."""
-    size = int(values.max(initial=0)) + 1
-    if size > 4 * values.size + 4096:
-        uniq, inverse = np.unique(values, return_inverse=True)
-        return uniq, inverse.reshape(-1)
-    seen = np.zeros(size, dtype=bool)
-    seen[values] = True
-    return np.flatnonzero(seen), (np.cumsum(seen) - 1)[values]
-
-
-def _group(*keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Unique rows of the stacked non-negative integer keys, in `np.unique`'s sorted order, and
-    each candidate's row index. The columns are packed into one int64 in mixed radix (radix:
-    the column's largest value + 1) and the packed values grouped. When that range would be
-    wide, each column is first replaced by its rank among its distinct values."""
-    n = len(keys[0])
-    keys = [np.asarray(key, dtype=np.int64) for key in keys]
-    radix = [int(key.max(initial=0)) + 1 for key in keys]
-    values = None  # column values by rank, when ranked
-    if math.prod(radix) > 4 * n + 4096:
-        values, keys = zip(*(_unique_ints(key) for key in keys))
-        radix = [max(len(v), 1) for v in values]
-    packed = np.zeros(n, dtype=np.int64)
-    for key, base in zip(keys, radix):
-        packed = packed * base + key
-    uniq, inverse = _unique_ints(packed)
-    columns = []
-    for i in reversed(range(len(keys))):  # unpack the mixed radix, last key first
-        uniq, digit = np.divmod(uniq, radix[i])
-        columns.append(digit if values is None else values[i][digit])
-    return np.stack(columns[::-1], axis=1).astype(np.int64), inverse.astype(np.int64)
-
-
-def _representatives(inverse: np.ndarray, groups: int) -> np.ndarray:
-    """One candidate index per group (any member: every member gives the same value)."""
-    rep = np.zeros(groups, dtype=np.int64)
-    rep[inverse] = np.arange(len(inverse), dtype=np.int64)
-    return rep
+_group = group_rows
+_representatives = representatives
 
 
 # --------------------------------------------------------------------------- per-combination tables

@@ -362,24 +362,36 @@ class ByteSizes:
     """The layout's bucket sizes (`Layout.buffers`; the sweep's `Constraints.buffers`)."""
 
 
-def step_terms(r: Rates, cols: LayoutColumns, work: StageWork, sizes: ByteSizes) -> dict:
-    """Every time term of one step, for each row of the layout columns (reads tp, pp, dp,
-    virtual_stages, zero_stage, offload_optimizer, offload_params, grad_accum,
-    sequence_parallel)."""
-    node, m = r.gpus_per_node, cols["grad_accum"]
-    tp, dp, zero = cols["tp"], cols["dp"], cols["zero_stage"]
-    opt_target, param_target = cols["offload_optimizer"], cols["offload_params"]
-    layers, grad_b, param_b = work.layers, sizes.grad_bytes, sizes.param_bytes
+def compute_terms(r: Rates, cols: LayoutColumns, work: StageWork) -> dict:
+    """Matmuls, recompute, memory-bound kernels, TP and PP communication and the bubble of each
+    row, and the forward / backward time of one micro-batch (`fwd_mb_s`, `bwd_mb_s`, the
+    windows that hide data-parallel and offload traffic). Reads tp, pp, virtual_stages,
+    sequence_parallel and grad_accum (and, through `work`, recompute and micro_batch)."""
+    m, layers = cols["grad_accum"], work.layers
     compute = compute_time_s(work.fwd_flops + work.bwd_flops, r.peak_flops_per_s, r.efficiency)
     recompute = compute_time_s(work.recompute_flops, r.peak_flops_per_s, r.efficiency)
     memory = m * layers * work.elementwise_bytes / r.hbm_bw  # memory-bound kernels, not overlapped
     memory_fwd = m * layers * work.elementwise_fwd_bytes / r.hbm_bw
     fwd_mb = (compute_time_s(work.fwd_flops, r.peak_flops_per_s, r.efficiency) + memory_fwd) / m
     bwd_mb = (compute + recompute + memory) / m - fwd_mb
-    tp_comm, pp_comm = model_parallel_comm_s(r, tp, cols["pp"], cols["virtual_stages"], m, layers,
-                                             work.act_bytes, cols["sequence_parallel"],
+    tp_comm, pp_comm = model_parallel_comm_s(r, cols["tp"], cols["pp"], cols["virtual_stages"], m,
+                                             layers, work.act_bytes, cols["sequence_parallel"],
                                              work.tp_allreduces)
     bubble = bubble_time_s(cols["pp"], m, cols["virtual_stages"], compute + recompute + memory + tp_comm)
+    return dict(compute_s=compute, recompute_s=recompute, memory_bound_s=memory,
+                tp_comm_s=tp_comm, pp_comm_s=pp_comm, bubble_s=bubble,
+                fwd_mb_s=fwd_mb, bwd_mb_s=bwd_mb)
+
+
+def state_terms(r: Rates, cols: LayoutColumns, stage_params, shard_params, sizes: ByteSizes,
+                fwd_mb_s, bwd_mb_s) -> dict:
+    """Data-parallel / ZeRO collectives, offload traffic and the optimizer step of each row,
+    hidden behind the micro-batch windows of `compute_terms`; `stage_params`, `shard_params` as
+    in `StageWork`."""
+    node, m = r.gpus_per_node, cols["grad_accum"]
+    tp, dp, zero = cols["tp"], cols["dp"], cols["zero_stage"]
+    opt_target, param_target = cols["offload_optimizer"], cols["offload_params"]
+    grad_b, param_b = sizes.grad_bytes, sizes.param_bytes
     dp_local = np.minimum(np.maximum(node // tp, 1), dp)  # dp ranks sharing a node
 
     def half(size_bytes):  # one reduce-scatter or all-gather over the dp group
@@ -389,23 +401,39 @@ def step_terms(r: Rates, cols: LayoutColumns, work: StageWork, sizes: ByteSizes)
     bucket = last_bucket_bytes(zero, grad_b, sizes.buffers.reduce_bucket_elements,
                                sizes.buffers.ddp_bucket_bytes)
     dp_total, dp_exposed = dp_comm_times_s(
-        zero, m, half(work.stage_params * grad_b), half(work.stage_params * param_b),
-        half(np.minimum(bucket, work.stage_params * grad_b)), fwd_mb, bwd_mb)
-    offloaded, shard = opt_target > 0, work.shard_params
+        zero, m, half(stage_params * grad_b), half(stage_params * param_b),
+        half(np.minimum(bucket, stage_params * grad_b)), fwd_mb_s, bwd_mb_s)
+    offloaded, shard = opt_target > 0, shard_params
     offload = (optimizer_offload_s(offloaded, shard, grad_b, param_b, param_target == 0,
-                                   r.pcie_bw, bwd_mb)
+                                   r.pcie_bw, bwd_mb_s)
                + nvme_optimizer_s(opt_target == 2, shard, sizes.optimizer_bytes, node,
                                   r.nvme_read_bw, r.nvme_write_bw)
                + param_offload_s(param_target, m, shard, param_b, node, r.pcie_bw,
-                                 r.nvme_read_bw, fwd_mb, bwd_mb))
+                                 r.nvme_read_bw, fwd_mb_s, bwd_mb_s))
     cpu = cpu_adam_s(offloaded, shard, node, r.cpu_adam_params_per_s)
     gpu_opt = gpu_optimizer_s(offloaded, shard, sizes.optimizer_bytes, grad_b, param_b, r.hbm_bw)
-    step = (compute + recompute + memory + tp_comm + pp_comm + bubble + dp_exposed + offload
-            + cpu + gpu_opt)
-    return dict(compute_s=compute, recompute_s=recompute, memory_bound_s=memory,
-                tp_comm_s=tp_comm, pp_comm_s=pp_comm,
-                bubble_s=bubble, dp_comm_s=dp_total, dp_comm_exposed_s=dp_exposed,
-                offload_s=offload, cpu_optimizer_s=cpu, gpu_optimizer_s=gpu_opt, step_s=step)
+    return dict(dp_comm_s=dp_total, dp_comm_exposed_s=dp_exposed, offload_s=offload,
+                cpu_optimizer_s=cpu, gpu_optimizer_s=gpu_opt)
+
+
+EXPOSED = ("compute_s", "recompute_s", "memory_bound_s", "tp_comm_s", "pp_comm_s", "bubble_s",
+           "dp_comm_exposed_s", "offload_s", "cpu_optimizer_s", "gpu_optimizer_s")
+"""The terms whose sum is the step time (`StepEstimate.step_s`)."""
+
+
+def step_terms(r: Rates, cols: LayoutColumns, work: StageWork, sizes: ByteSizes) -> dict:
+    """Every time term of one step, for each row of the layout columns: `compute_terms`, then
+    `state_terms` in their windows, and `step_s` the sum of the exposed ones."""
+    terms = compute_terms(r, cols, work)
+    return _with_step(terms | state_terms(r, cols, work.stage_params, work.shard_params, sizes,
+                                          terms["fwd_mb_s"], terms["bwd_mb_s"]))
+
+
+def _with_step(terms: dict) -> dict:
+    step = terms[EXPOSED[0]]
+    for name in EXPOSED[1:]:
+        step = step + terms[name]
+    return {k: v for k, v in terms.items() if k not in ("fwd_mb_s", "bwd_mb_s")} | {"step_s": step}
 
 
 def rate_terms(r: Rates, step_s, tokens_per_step, model_flops, hardware_flops, train_tokens):
