@@ -248,51 +248,9 @@ def activation_table(model: ModelSpec, setup: TrainSetup, tp: int, rec: int, sp:
     )
 
 
-def _forwards_of(chunk: int, n, p: int, v: int):
-    """Forwards of model chunk `chunk` among the first n steps of the interleaved schedule
-    (forward k runs chunk (k mod pv) // p): p per whole period of pv steps, plus the part of
-    the last period that falls in [chunk·p, chunk·p + p). Backward k runs chunk
-    v - 1 - (k mod pv) // p, so backwards of c among the first n = `_forwards_of(v - 1 - c, n)`."""
-    return n // (p * v) * p + np.minimum(np.maximum(n % (p * v) - chunk * p, 0), p)
-
-
-def interleaved_front(p: int, rank: int, v: int, m: int, chunk: int) -> np.ndarray:
-    """Peak candidates of Megatron's interleaved 1F1B on `rank`, for chunk weights that are equal
-    except chunk `chunk` (0: embedding extras, v-1: head extras): two pairs (chunks held, of
-    which `chunk`), whose best for weights w >= 0 is the replay's peak, max of
-    held·w + extra·(that chunk's extra weight).
-
-    The replay is `activations.interleaved_in_flight`'s: warmup = min(2(p - rank - 1) +
-    (v - 1)p, m·v) forwards (all m·v when m = p), then one forward + one backward per step;
-    forward k runs chunk (k mod pv) // p, backward k the chunks counted down; warmup + 2pv
-    steps suffice. During warmup both counts only grow, so its last state bounds the earlier
-    ones; afterwards warmup + 1 chunks are held at every step, so the steady state with the most
-    of `chunk` bounds the others. Without a steady state (m = p) the two pairs are equal."""
-    return interleaved_fronts(p, rank, v, m, chunk)[0]
-
-
-def interleaved_fronts(p, rank, v, m, chunk) -> np.ndarray:
-    """`interleaved_front` of every element of the argument arrays at once: (replays, 2, 2).
-    The steady steps of all replays are laid end to end in one array (replay r's steps are
-    warmup_r + j for j < steady_r) and each replay's maximum is taken over its segment."""
-    p, rank, v, m, chunk = np.broadcast_arrays(
-        *(np.atleast_1d(np.asarray(x, dtype=np.int64)) for x in (p, rank, v, m, chunk)))
-    total = m * v
-    warmup = np.where(m == p, total, np.minimum(2 * (p - rank - 1) + (v - 1) * p, total))
-    steady = np.minimum(total, warmup + 2 * p * v) - warmup  # steps after warmup (>= 0)
-    start = np.cumsum(steady) - steady  # each replay's first steady step in the flat array
-    r = np.repeat(np.arange(len(p)), steady)  # the replay of each flat step
-    k = warmup[r] + np.arange(len(r)) - start[r]  # step k: forward k, after k - warmup backwards
-    extra = (_forwards_of(chunk[r], k + 1, p[r], v[r])
-             - _forwards_of(v[r] - 1 - chunk[r], k - warmup[r], p[r], v[r]))
-    last_warmup = _forwards_of(chunk, warmup, p, v)
-    best, held = last_warmup.copy(), warmup.copy()  # no steady state: the same pair twice
-    has = steady > 0
-    if has.any():
-        best[has] = np.maximum.reduceat(extra, start[has])
-        held[has] += 1
-    return np.stack([np.stack([warmup, last_warmup], axis=-1), np.stack([held, best], axis=-1)],
-                    axis=1)
+_forwards_of = activations.forwards_of
+interleaved_front = activations.interleaved_front
+interleaved_fronts = activations.interleaved_fronts
 
 
 # --------------------------------------------------------------------------- memory, vectorised
@@ -314,8 +272,8 @@ def kept_activation_bytes_b1(cands: dict[str, np.ndarray], chunk, first, last):
     stage p; interleaved stages take the replay's largest chunk-weighted state."""
     pp, vs, m = cands["pp"], cands["virtual_stages"], cands["grad_accum"]
     single = pp == 1  # one stage carries the embedding and the head
-    f = np.minimum(pp, m) * (chunk + first + np.where(single, last, 0))
-    lst = np.where(single, f, chunk + last)
+    f = activations.in_flight_1f1b(pp, 1, m) * (chunk + first + np.where(single, last, 0))
+    lst = np.where(single, f, activations.in_flight_1f1b(pp, pp, m) * (chunk + last))
     inter = np.nonzero(vs > 1)[0]
     if inter.size:
         p_i, v_i = pp[inter], vs[inter]
