@@ -36,11 +36,18 @@ EVERY_K = RECOMPUTE_MODES.index("every_k")
 
 @dataclass(frozen=True)
 class Context:
-    """What the rules read besides the layout columns."""
+    """What the rules read besides the layout columns. A caller that checks only some rules
+    may leave out what they do not read (e.g. `activations.check_tp`: the model and seq_len)."""
 
     model: ModelSpec
-    cluster: Cluster
-    setup: TrainSetup
+    cluster: Cluster | None = None
+    setup: TrainSetup | None = None
+    seq_len_tokens: int | None = None
+    """seq_len when there is no setup."""
+
+    @property
+    def seq_len(self) -> int:
+        return self.seq_len_tokens if self.seq_len_tokens is not None else self.setup.seq_len
 
 
 @dataclass(frozen=True)
@@ -160,8 +167,8 @@ RULES: tuple[Rule, ...] = LAYOUT_RULES + (
                        f"{ceil_div(x.model.num_layers, r['pp'])} (num_layers={x.model.num_layers}, "
                        f"pp={r['pp']})")),
     Rule("sequence parallel needs tp to divide seq_len", "seq_len", ("tp", "sequence_parallel"),
-         lambda x, c: ~c["sequence_parallel"].astype(bool) | (x.setup.seq_len % c["tp"] == 0),
-         lambda x, r: f"sequence_parallel needs tp={r['tp']} to divide seq_len ({x.setup.seq_len})"),
+         lambda x, c: ~c["sequence_parallel"].astype(bool) | (x.seq_len % c["tp"] == 0),
+         lambda x, r: f"sequence_parallel needs tp={r['tp']} to divide seq_len ({x.seq_len})"),
     Rule("offload_optimizer=nvme needs ZeRO-3", "offload_optimizer",
          ("offload_optimizer", "zero_stage"),
          lambda x, c: (c["offload_optimizer"] != NVME) | (c["zero_stage"] == 3),
@@ -207,7 +214,20 @@ def mask(ctx: Context, cols: LayoutColumns,
 def check_layout(ctx: Context, cols: LayoutColumns, row: int = 0) -> None:
     """Raise the first broken rule of one row as a one-line PlanInputError."""
     check_setup(ctx.model, ctx.setup)
-    for rule in applicable(cols):
+    check_rules(ctx, cols, RULES, row)
+
+
+def named(*names: str) -> tuple[Rule, ...]:
+    """The rules of RULES with these names (for a caller that checks only a few)."""
+    rules = tuple(rule for rule in RULES if rule.name in names)
+    if len(rules) != len(names):
+        raise KeyError(f"unknown rule among {names}")
+    return rules
+
+
+def check_rules(ctx: Context, cols: LayoutColumns, rules: tuple[Rule, ...], row: int = 0) -> None:
+    """Raise the first of `rules` that row `row` breaks, as a one-line PlanInputError."""
+    for rule in applicable(cols, rules):
         if not bool(np.asarray(rule.ok(ctx, cols.take([row])), dtype=bool).reshape(-1)[0]):
             raise PlanInputError(rule.field, rule.message(ctx, cols.row(row)))
 

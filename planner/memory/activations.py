@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from planner.core import params
+from planner.core import params, rules
+from planner.core.columns import LayoutColumns
 from planner.core.errors import PlanInputError
 from planner.core.spec import Frozen, Layout, ModelSpec, TrainSetup, ceil_div
 
@@ -42,14 +43,15 @@ NEGLECTED_BY_SEED = ("norm1.stats", "norm2.stats")
 # --------------------------------------------------------------------------- helpers
 
 
+TP_RULES = ("tp must divide heads, kv heads and the MLP width",
+            "sequence parallel needs tp to divide seq_len")
+
+
 def check_tp(model: ModelSpec, layout: Layout, seq_len: int) -> None:
-    """Megatron splits heads, kv groups and MLP widths evenly (the rule of `params.check_tp`:
-    the expert width for MoE models); SP splits the sequence evenly."""
-    params.check_tp(model, layout.tp)
-    if layout.sequence_parallel and seq_len % layout.tp:
-        raise PlanInputError(
-            "seq_len", f"sequence_parallel needs tp={layout.tp} to divide seq_len ({seq_len})"
-        )
+    """Megatron splits heads, kv groups and MLP widths evenly (the expert width for MoE
+    models); SP splits the sequence evenly: those rules of planner.core.rules, for one layout."""
+    rules.check_rules(rules.Context(model, seq_len_tokens=seq_len),
+                      LayoutColumns.from_layout(layout), rules.named(*TP_RULES))
 
 
 def replicated_tokens(layout: Layout, seq_len: int) -> int:

@@ -25,6 +25,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from planner.core import rules
 from planner.core.columns import LayoutColumns
 from planner.core.errors import PlanInputError
 from planner.core.params import StageParams, largest_param_numel, layer_tensors_per_rank, norm_params
@@ -100,14 +101,10 @@ def optimizer_state_bytes(numel, precision: PrecisionRecipe, optimizer: Optimize
 
 def check_offload(layout: Layout) -> None:
     """DeepSpeed swaps optimizer state to NVMe only in stage3.py (ZeRO-Infinity); stage_1_and_2.py
-    has only `cpu_offload`, so nvme there would silently keep everything on the GPU. The rule
-    lives in planner.core.rules (the sweep masks with it); this raises it for one layout."""
-    if layout.offload_optimizer == "nvme" and layout.zero_stage != 3:
-        raise PlanInputError(
-            "offload_optimizer",
-            f"nvme needs zero_stage=3 (got {layout.zero_stage}); DeepSpeed offloads optimizer "
-            "states to NVMe only under ZeRO-3 (ZeRO-Infinity); use cpu for ZeRO-1/2",
-        )
+    has only `cpu_offload`, so nvme there would silently keep everything on the GPU. The rule of
+    planner.core.rules, for one layout (it reads no model, cluster or setup)."""
+    rules.check_rules(None, LayoutColumns.from_layout(layout),  # type: ignore[arg-type]
+                      rules.named("offload_optimizer=nvme needs ZeRO-3"))
 
 
 def aio_aligned_numel(numel, element_bytes: int):
