@@ -188,3 +188,30 @@ def test_best_layout_round_trips_through_fit_check_and_deepspeed(zplan, tmp_path
     assert code_ds == code_job
     assert via["stages"] == direct["stages"] and via["node"] == direct["node"]
 
+
+
+def test_unconstrained_best_layout_round_trips_through_fit_and_check(zplan, tmp_path: Path):
+    """The best layout of the whole space (tp, pp, interleaving, sequence parallel allowed):
+    fit with its flags and check with it as a job file give the sweep's peak bytes and fit."""
+    name, gpu, gpus, seq, batch = "gpt3-13b", "a100-80gb", 64, 2048, 512
+    model, cluster = loading.load_model(name), loading.cluster_for_gpus(gpu, gpus)
+    setup = make_setup(seq, batch, 1e12)
+    best = sweep.sweep(model, cluster, setup, top=1).top[0]
+    lay = best.layout
+    flags = ["--tp", str(lay.tp), "--pp", str(lay.pp), "--dp", str(lay.dp), "--virtual-stages",
+             str(lay.virtual_stages), "--zero", str(lay.zero_stage), "--offload-optimizer",
+             lay.offload_optimizer, "--offload-params", lay.offload_params, "--recompute",
+             lay.recompute, "--micro-batch", str(lay.micro_batch), "--global-batch", str(batch),
+             "--sequence-parallel" if lay.sequence_parallel else "--no-sequence-parallel"]
+    fit = zplan("fit", "--model", name, "--gpu", gpu, "--gpus", str(gpus), "--seq-len", str(seq),
+                "--tokens", "1e12", *flags, "--json")
+    assert fit.returncode == 0, fit.stderr
+    assert max(s["total_bytes"] for s in json.loads(fit.stdout)["memory"]["stages"]) == \
+        best.gpu_peak_bytes
+    job = tmp_path / "job.yaml"
+    job.write_text(yaml.safe_dump({
+        "model": name, "cluster": {"gpu": gpu, "gpus": gpus},
+        "layout": {k: v for k, v in lay.model_dump(mode="json").items() if k != "buffers"},
+        "setup": {"seq_len": seq, "global_batch": batch, "train_tokens": 1e12}}))
+    code, doc = _check(zplan, str(job))
+    assert code == 0 and max(s["total_bytes"] for s in doc["stages"]) == best.gpu_peak_bytes
