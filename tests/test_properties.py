@@ -190,13 +190,16 @@ def test_best_layout_round_trips_through_fit_check_and_deepspeed(zplan, tmp_path
 
 
 
-def test_unconstrained_best_layout_round_trips_through_fit_and_check(zplan, tmp_path: Path):
-    """The best layout of the whole space (tp, pp, interleaving, sequence parallel allowed):
-    fit with its flags and check with it as a job file give the sweep's peak bytes and fit."""
-    name, gpu, gpus, seq, batch = "gpt3-13b", "a100-80gb", 64, 2048, 512
+@pytest.mark.parametrize("zero", [None, (1,)], ids=["free", "zero1"])
+def test_unconstrained_best_layout_round_trips_through_fit_and_check(zplan, tmp_path: Path, zero):
+    """The best layout of the whole space (tp, pp, interleaving, sequence parallel allowed;
+    or pinned to ZeRO-1, Megatron's setting): fit with its flags and check with it as a job
+    file give the sweep's peak bytes and fit."""
+    name, gpu, gpus, seq, batch = "gpt3-175b", "a100-80gb", 1024, 2048, 1536
     model, cluster = loading.load_model(name), loading.cluster_for_gpus(gpu, gpus)
     setup = make_setup(seq, batch, 1e12)
-    best = sweep.sweep(model, cluster, setup, top=1).top[0]
+    best = sweep.sweep(model, cluster, setup, sweep.Constraints(zero_stage=zero), top=1).top[0]
+    assert best.layout.tp > 1  # a model-parallel layout, not the trivial one
     lay = best.layout
     flags = ["--tp", str(lay.tp), "--pp", str(lay.pp), "--dp", str(lay.dp), "--virtual-stages",
              str(lay.virtual_stages), "--zero", str(lay.zero_stage), "--offload-optimizer",
