@@ -110,38 +110,45 @@ def plan_memory(model: ModelSpec, cluster: Cluster, layout: Layout, setup: Train
     return MemoryPlan(stages=stages, node=node, fits=not overflows, overflows=overflows)
 
 
+def node_stage_ranks(ranks_per_stage: int, pp: int, gpus_per_node: int,
+                     num_nodes: int) -> list[dict[int, int]]:
+    """Ranks of each pipeline stage on every node whose mix of stages can differ, with
+    Megatron-LM's rank order: tp fastest, then dp, then pp (`parallel_state.py`, order
+    "tp-cp-ep-dp-pp"), so global rank r belongs to stage r // (tp*dp) and node r // g.
+
+    A node either holds a stage boundary (its ranks span stages) or lies inside one stage; the
+    nodes holding a boundary and, per stage, the first node inside it show every mix. Each
+    entry is {stage (0-based): ranks on that node}."""
+    total = num_nodes * gpus_per_node
+    nodes = set()
+    for stage in range(pp):
+        first, last = stage * ranks_per_stage, min((stage + 1) * ranks_per_stage, total)
+        nodes |= {first // gpus_per_node, (last - 1) // gpus_per_node}
+        inner = -(-first // gpus_per_node)
+        if (inner + 1) * gpus_per_node <= last:
+            nodes.add(inner)
+    out = []
+    for node in sorted(n for n in nodes if 0 <= n < num_nodes):
+        lo, hi = node * gpus_per_node, (node + 1) * gpus_per_node
+        counts: dict[int, int] = {}
+        for stage in range(lo // ranks_per_stage, min((hi - 1) // ranks_per_stage, pp - 1) + 1):
+            overlap = min(hi, (stage + 1) * ranks_per_stage) - max(lo, stage * ranks_per_stage)
+            if overlap > 0:
+                counts[stage] = overlap
+        out.append(counts)
+    return out
+
+
 def _busiest_node(cluster: Cluster, layout: Layout, host: list[tuple[int, int]]) -> NodeMemory:
-    """Host bytes of the node holding the most, with Megatron's rank order.
-
-    Megatron-LM orders ranks tp fastest, then dp, then pp (`parallel_state.py`, order
-    "tp-cp-ep-dp-pp"): global rank r belongs to stage r // (tp*dp); node n holds ranks
-    [n*g, (n+1)*g) for g GPUs per node.
-    """
-    per_node = cluster.node.gpus_per_node
-    ranks_per_stage = layout.tp * layout.dp
-    num_ranks = layout.num_gpus
-
-    def node_sum(node_index: int) -> tuple[int, int]:
-        first, last = node_index * per_node, min((node_index + 1) * per_node, num_ranks)
-        cpu = sum(host[rank // ranks_per_stage][0] for rank in range(first, last))
-        nvme = sum(host[rank // ranks_per_stage][1] for rank in range(first, last))
-        return cpu, nvme
-
-    # Only nodes that hold a stage's first or last rank can mix stages; any other node lies
-    # inside one stage and holds per_node copies of that stage's host bytes.
-    cpu_max = nvme_max = 0
-    for stage, (stage_cpu, stage_nvme) in enumerate(host):
-        first, last = stage * ranks_per_stage, (stage + 1) * ranks_per_stage
-        candidates = [node_sum(first // per_node), node_sum((last - 1) // per_node)]
-        inner = ceil_div(first, per_node)
-        if (inner + 1) * per_node <= last:
-            candidates.append((per_node * stage_cpu, per_node * stage_nvme))
-        cpu_max = max(cpu_max, *(c for c, _ in candidates))
-        nvme_max = max(nvme_max, *(n for _, n in candidates))
+    """Host bytes of the node holding the most (`node_stage_ranks`, Megatron's rank order)."""
+    nodes = node_stage_ranks(layout.tp * layout.dp, layout.pp, cluster.node.gpus_per_node,
+                             cluster.num_nodes)
+    cpu = max(sum(n * host[s][0] for s, n in node.items()) for node in nodes)
+    nvme = max(sum(n * host[s][1] for s, n in node.items()) for node in nodes)
     return NodeMemory(
-        cpu_bytes=cpu_max,
+        cpu_bytes=cpu,
         cpu_capacity_bytes=cluster.node.cpu_memory_bytes,
-        nvme_bytes=nvme_max,
+        nvme_bytes=nvme,
         nvme_capacity_bytes=cluster.node.nvme_bytes,
     )
 

@@ -29,7 +29,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from planner.memory import activations, model_states
+from planner.memory import activations, model_states, plan
 from planner.core import params
 from planner.timing import steptime
 from planner.core.errors import PlanInputError
@@ -217,19 +217,14 @@ def stage_table(model: ModelSpec, tp: int, pp: int,
 
 def node_stage_counts(tp: int, dp: int, pp: int, gpus_per_node: int,
                       num_nodes: int) -> list[tuple[int, int, int]]:
-    """Distinct (ranks in the first stage, in middle stages, in the last stage) per node, with
-    Megatron's rank order (stage = rank // (tp*dp)), as `plan._busiest_node` walks them. A node's
-    row changes only where a first/middle or middle/last boundary falls, so the nodes holding the
-    ranks around those boundaries and the two ends, with their neighbours, show every row."""
-    per_stage, rows = tp * dp, set()
-    edges = (0, per_stage, (pp - 1) * per_stage, num_nodes * gpus_per_node)
-    nodes = {n + d for r in edges for n in ((r - 1) // gpus_per_node, r // gpus_per_node)
-             for d in (-1, 0, 1)}
-    for node in sorted(x for x in nodes if 0 <= x < num_nodes):
-        lo, hi = node * gpus_per_node, (node + 1) * gpus_per_node
-        first = max(0, min(hi, per_stage) - lo)
-        last = max(0, hi - max(lo, (pp - 1) * per_stage)) if pp > 1 else 0
-        rows.add((first, gpus_per_node - first - last, last))
+    """Distinct (ranks in the first stage, in middle stages, in the last stage) per node:
+    `plan.node_stage_ranks` with the stages folded into the three kinds (pp divides the layers in
+    the search, so every middle stage holds the same bytes)."""
+    rows = set()
+    for node in plan.node_stage_ranks(tp * dp, pp, gpus_per_node, num_nodes):
+        first = node.get(0, 0)
+        last = node.get(pp - 1, 0) if pp > 1 else 0
+        rows.add((first, sum(node.values()) - first - last, last))
     return sorted(rows)
 
 
