@@ -1,8 +1,10 @@
 """Compose the formula modules into one memory plan per GPU, per pipeline stage, per node.
 
-`validate_layout` applies the cross-field rules (every factor printed); `plan_memory` adds up
-model states (planner.model_states), named buffers, activations and recompute working memory
-(planner.activations) for each pipeline stage, and CPU / NVMe bytes for each node.
+`validate_layout` applies the layout rule table (planner.core.rules; every factor printed);
+`plan_memory` adds up model states and named buffers (planner.memory.model_states, one row of
+the same column functions the sweep evaluates), activations and recompute working memory
+(planner.memory.activations) for each pipeline stage, and CPU / NVMe bytes of the busiest node
+(`node_stage_ranks`, shared with the sweep).
 """
 
 from __future__ import annotations

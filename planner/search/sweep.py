@@ -1,24 +1,26 @@
 """Layout search: enumerate every valid parallel layout, evaluate all at once, rank them.
 
-Enumeration (one GPU count): tp divides the GPUs, heads, kv heads and MLP widths and stays in
-a node unless `allow_cross_node_tp`; pp divides num_layers (uneven splits are not enumerated:
-they only add idle layers to a stage; `zplan fit` still accepts them); dp = GPUs / (tp*pp) must
-divide the global batch; virtual stages v divide num_layers / pp and need the micro-batch count
-divisible by pp (Megatron's interleaved-schedule rule); ZeRO 0-3 with optimizer offload
-(cpu for ZeRO >= 1, nvme for ZeRO-3 as DeepSpeed allows) and parameter offload (ZeRO-3);
-recompute none / selective / full; sequence parallel when tp > 1; micro-batches 1, 2, 4, ...
-dividing global_batch / dp, and grad_accum = global_batch / (micro_batch*dp). With dp = 1, ZeRO
->= 1 is kept only with offload (otherwise it equals ZeRO-0).
+Enumeration (one GPU count, `enumerate_layouts`): tp divides the GPUs and stays in a node unless
+`allow_cross_node_tp`; pp divides num_layers (uneven splits are not enumerated: they only add
+idle layers to a stage; `zplan fit` still accepts them); dp = GPUs / (tp*pp); virtual stages v
+divide num_layers / pp; ZeRO 0-3 with optimizer and parameter offload; recompute none /
+selective / full; sequence parallel on/off; micro-batches 1, 2, 4, ... and grad_accum =
+global_batch / (micro_batch*dp). Every combination is masked with the layout rule table
+(planner.core.rules: the GPU count, tp divides heads and widths, batch arithmetic, interleaving
+needs m divisible by pp, offload needs ZeRO, NVMe needs ZeRO-3 and a node with NVMe capacity and
+bandwidth, ...), the table whose one-line errors fit and check print; `SweepResult.excluded`
+names the rules that removed combinations. One search rule on top: with dp = 1, ZeRO >= 1 is
+kept only with offload (otherwise it equals ZeRO-0).
 
-Evaluation is vectorised: each candidate is one element of numpy arrays. Quantities that depend
-only on a few dimensions are computed once per combination and gathered back to the candidates:
-stage parameters per (tp, pp) and activations at b = 1 per (tp, recompute, sequence parallel)
-by the scalar formula modules (params, model_states, activations); the interleaved-1F1B replay
-per (p, v, m); model states, buffers and the busiest node per (tp, pp, ZeRO/offload, m > 1).
-The rest are numpy expressions over all candidates. The numpy code mirrors
-`model_states.model_state_bytes`, `model_states.buffer_bytes`, `activations.stage_activations`
-and `steptime.step_terms`; the test suite compares every column with `plan.plan_memory` and
-`steptime.estimate_step` on random layouts.
+Evaluation (`evaluate`) runs the one model over the candidate columns (`LayoutColumns`): model
+states and buffers (`model_states.state_parts` / `buffer_parts`), activations
+(`activations`, at b = 1 per (tp, recompute, sp), linear in b; in flight by `in_flight_1f1b` /
+`interleaved_fronts`), the busiest node (`plan.node_stage_ranks`) and every step term
+(`steptime.step_columns`); `plan_memory` / `estimate_step` are the same functions on one row.
+Quantities that depend on a few dimensions are computed once per combination and gathered back
+(stage tables per (tp, pp); states, buffers and host bytes per (tp, pp, ZeRO/offload, m > 1)).
+Memory columns are float64 (exact below 2^53 bytes, never wrapped). What stays specific to the
+sweep is enumeration, ranking and rejection reasons.
 """
 
 from __future__ import annotations
