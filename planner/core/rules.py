@@ -227,9 +227,10 @@ def named(*names: str) -> tuple[Rule, ...]:
 
 def check_rules(ctx: Context, cols: LayoutColumns, rules: tuple[Rule, ...], row: int = 0) -> None:
     """Raise the first of `rules` that row `row` breaks, as a one-line PlanInputError."""
-    for rule in applicable(cols, rules):
-        if not bool(np.asarray(rule.ok(ctx, cols.take([row])), dtype=bool).reshape(-1)[0]):
-            raise PlanInputError(rule.field, rule.message(ctx, cols.row(row)))
+    one = cols if len(cols) == 1 else cols.take([row])
+    for rule in applicable(one, rules):
+        if not bool(np.asarray(rule.ok(ctx, one), dtype=bool).reshape(-1)[0]):
+            raise PlanInputError(rule.field, rule.message(ctx, one.row(0)))
 
 
 def layout_error(layout_fields: dict[str, int]) -> str | None:

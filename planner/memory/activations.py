@@ -17,6 +17,8 @@ attention's log-sum-exp, router probabilities and the loss logits fp32 (4 bytes)
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from planner.core import params, rules
@@ -50,8 +52,13 @@ TP_RULES = ("tp must divide heads, kv heads and the MLP width",
 def check_tp(model: ModelSpec, layout: Layout, seq_len: int) -> None:
     """Megatron splits heads, kv groups and MLP widths evenly (the expert width for MoE
     models); SP splits the sequence evenly: those rules of planner.core.rules, for one layout."""
-    rules.check_rules(rules.Context(model, seq_len_tokens=seq_len),
-                      LayoutColumns.from_layout(layout), rules.named(*TP_RULES))
+    _check_tp(model, layout.tp, layout.sequence_parallel, seq_len)
+
+
+@functools.lru_cache(maxsize=1024)
+def _check_tp(model: ModelSpec, tp: int, sequence_parallel: bool, seq_len: int) -> None:
+    cols = LayoutColumns({"tp": np.array([tp]), "sequence_parallel": np.array([sequence_parallel])})
+    rules.check_rules(rules.Context(model, seq_len_tokens=seq_len), cols, rules.named(*TP_RULES))
 
 
 def replicated_tokens(layout: Layout, seq_len: int) -> int:

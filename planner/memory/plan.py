@@ -112,31 +112,35 @@ def plan_memory(model: ModelSpec, cluster: Cluster, layout: Layout, setup: Train
     return MemoryPlan(stages=stages, node=node, fits=not overflows, overflows=overflows)
 
 
-def node_stage_ranks(ranks_per_stage: int, pp: int, gpus_per_node: int,
-                     num_nodes: int) -> list[dict[int, int]]:
+def node_stage_ranks(ranks_per_stage: int, pp: int, gpus_per_node: int, num_nodes: int,
+                     edges: tuple[int, ...] | None = None) -> list[dict[int, int]]:
     """Ranks of each pipeline stage on every node whose mix of stages can differ, with
     Megatron-LM's rank order: tp fastest, then dp, then pp (`parallel_state.py`, order
     "tp-cp-ep-dp-pp"), so global rank r belongs to stage r // (tp*dp) and node r // g.
 
     A node either holds a stage boundary (its ranks span stages) or lies inside one stage; the
     nodes holding a boundary and, per stage, the first node inside it show every mix. Each
-    entry is {stage (0-based): ranks on that node}."""
-    total = num_nodes * gpus_per_node
-    nodes = set()
-    for stage in range(pp):
-        first, last = stage * ranks_per_stage, min((stage + 1) * ranks_per_stage, total)
-        nodes |= {first // gpus_per_node, (last - 1) // gpus_per_node}
-        inner = -(-first // gpus_per_node)
-        if (inner + 1) * gpus_per_node <= last:
-            nodes.add(inner)
+    entry is {stage (0-based): ranks on that node}. `edges`: only the nodes around these ranks
+    (and their neighbours), for a caller to whom some stages are alike (the sweep: every middle
+    stage holds the same bytes, so the first/middle and middle/last boundaries and the ends
+    show every mix of stage kinds)."""
+    g, r_s = gpus_per_node, ranks_per_stage
+    if edges is not None:
+        nodes = {n + d for r in edges for n in ((r - 1) // g, r // g) for d in (-1, 0, 1)}
+    else:
+        nodes = set()
+        for stage in range(pp):
+            first, last = stage * r_s, (stage + 1) * r_s
+            nodes |= {first // g, (last - 1) // g}
+            inner = -(-first // g)
+            if (inner + 1) * g <= last:
+                nodes.add(inner)
     out = []
     for node in sorted(n for n in nodes if 0 <= n < num_nodes):
-        lo, hi = node * gpus_per_node, (node + 1) * gpus_per_node
+        lo, hi = node * g, (node + 1) * g
         counts: dict[int, int] = {}
-        for stage in range(lo // ranks_per_stage, min((hi - 1) // ranks_per_stage, pp - 1) + 1):
-            overlap = min(hi, (stage + 1) * ranks_per_stage) - max(lo, stage * ranks_per_stage)
-            if overlap > 0:
-                counts[stage] = overlap
+        for stage in range(lo // r_s, min((hi - 1) // r_s, pp - 1) + 1):
+            counts[stage] = min(hi, (stage + 1) * r_s) - max(lo, stage * r_s)
         out.append(counts)
     return out
 

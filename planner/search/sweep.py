@@ -25,6 +25,7 @@ sweep is enumeration, ranking and rejection reasons.
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from collections.abc import Callable
@@ -197,6 +198,7 @@ _representatives = representatives
 # --------------------------------------------------------------------------- per-combination tables
 
 
+@functools.lru_cache(maxsize=4096)
 def stage_table(model: ModelSpec, tp: int, pp: int,
                 threshold: int = model_states.DEFAULT_BUFFERS.param_persistence_threshold,
                 ) -> dict[str, tuple[int, int, int]]:
@@ -217,13 +219,15 @@ def stage_table(model: ModelSpec, tp: int, pp: int,
     }
 
 
+@functools.lru_cache(maxsize=4096)
 def node_stage_counts(tp: int, dp: int, pp: int, gpus_per_node: int,
                       num_nodes: int) -> list[tuple[int, int, int]]:
     """Distinct (ranks in the first stage, in middle stages, in the last stage) per node:
     `plan.node_stage_ranks` with the stages folded into the three kinds (pp divides the layers in
     the search, so every middle stage holds the same bytes)."""
-    rows = set()
-    for node in plan.node_stage_ranks(tp * dp, pp, gpus_per_node, num_nodes):
+    per_stage, rows = tp * dp, set()
+    edges = (0, per_stage, (pp - 1) * per_stage, num_nodes * gpus_per_node)
+    for node in plan.node_stage_ranks(per_stage, pp, gpus_per_node, num_nodes, edges):
         first = node.get(0, 0)
         last = node.get(pp - 1, 0) if pp > 1 else 0
         rows.add((first, sum(node.values()) - first - last, last))
