@@ -36,6 +36,8 @@ from planner.io.jobfile import make_setup  # noqa: E402
 
 CASES = [("gpt3-175b", 1024, 1536), ("gpt-1t", 3072, 3072)]
 REPEATS = 10
+SCALING = ("gpt3-175b", (256, 512, 1024, 2048, 4096, 8192), (512, 1024, 1536, 2048, 3072, 4096))
+"""A scaling sweep: every layout of GPT-3 175B at each GPU count x each global batch."""
 
 
 def clear_caches() -> None:
@@ -71,11 +73,11 @@ def in_process(model_name: str, gpus: int, batch: int) -> None:
     setup = make_setup(2048, batch, 300e9)
     c = sweep.Constraints()
     cands = sweep.enumerate_candidates(model, cluster, setup, c)
-    n = len(cands["tp"])
+    n = len(cands)
     t_enum = _best_of(lambda: sweep.enumerate_candidates(model, cluster, setup, c))
     t_eval = _best_of(lambda: sweep.evaluate(model, cluster, setup, cands, c))
     t_sweep = _best_of(lambda: sweep.sweep(model, cluster, setup, c))
-    tiled = {k: np.tile(v, 40) for k, v in cands.items()}  # per-candidate (numpy) cost
+    tiled = cands.take(np.tile(np.arange(n), 40))  # per-candidate (numpy) cost
     t_tiled = _best_of(lambda: sweep.evaluate(model, cluster, setup, tiled, c), 3)
     print(f"{model_name} on {gpus} x a100-80gb, global batch {batch}: {n:,} layouts")
     print(f"  enumerate {t_enum * 1e3:7.1f} ms   evaluate {t_eval * 1e3:7.1f} ms   "
@@ -99,12 +101,37 @@ def cli(model_name: str, gpus: int, batch: int) -> None:
           f"(min {min(times):.2f}, max {max(times):.2f})")
 
 
+def scaling() -> None:
+    """Distinct layouts over a range of GPU counts and global batches, one core, CPU time,
+    with a progress line on stderr (sweep's progress callback)."""
+    name, gpu_counts, batches = SCALING
+    model = loading.load_model(name)
+    clear_caches()
+    total = 0
+    start = time.process_time()
+    for gpus in gpu_counts:
+        cluster = loading.cluster_for_gpus("a100-80gb", gpus)
+        for batch in batches:
+            setup = make_setup(2048, batch, 300e9)
+            result = sweep.sweep(model, cluster, setup, sweep.Constraints(), top=1, rejected=0)
+            total += result.evaluated
+            print(f"\r  {gpus} GPUs, batch {batch}: {total:,} layouts so far", end="",
+                  file=sys.stderr)
+    seconds = time.process_time() - start
+    print(file=sys.stderr)
+    print(f"scaling sweep {name}: GPUs {gpu_counts[0]}-{gpu_counts[-1]} x global batch "
+          f"{batches[0]}-{batches[-1]} ({len(gpu_counts) * len(batches)} sweeps): {total:,} layouts "
+          f"in {seconds:.2f} s CPU = {total / seconds:,.0f} layouts/s")
+
+
 def main() -> None:
     print(f"python {sys.version.split()[0]}, numpy {np.__version__}, "
           f"cores used: {len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else '?'}")
     for case in CASES:
         in_process(*case)
-        cli(*case)
+        if "--no-cli" not in sys.argv:
+            cli(*case)
+    scaling()
 
 
 if __name__ == "__main__":

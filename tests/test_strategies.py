@@ -82,3 +82,28 @@ def test_a_small_model_fits_ddp_on_one_gpu():
     rows = strategy_minimums(model, cluster, setup_for(Layout(), seq_len=1024))
     assert rows[0].strategy == "DDP" and rows[0].min_gpus == 1
     assert all(r.min_gpus == 1 for r in rows[1:6])
+
+
+@pytest.mark.parametrize(("name", "hw"), [("mixtral-8x7b", "dgx2x32"), ("llama2-70b", "dgx-h100x32"),
+                                          ("gpt3-13b", "rtx4090-x8")])
+def test_array_fit_test_agrees_with_plan_memory(name, hw):
+    """`_fits_many` (one array evaluation over dp) gives plan_memory's verdict at every dp."""
+    import numpy as np
+
+    from planner.io.jobfile import make_setup
+    from planner.search.strategies import _fits, _fits_many
+
+    model, cluster = load_model(name), load_cluster(hw)
+    setup = make_setup(2048, 1, 1e12)
+    bases = [Layout(zero_stage=z, micro_batch=1, grad_accum=1, recompute="full",
+                    offload_optimizer=o, offload_params=p)
+             for z, o, p in ((1, "none", "none"), (3, "none", "none"), (3, "cpu", "cpu"), (2, "cpu", "none"))]
+    bases.append(Layout(tp=2, pp=2, zero_stage=1, micro_batch=1, grad_accum=2, recompute="full",
+                        sequence_parallel=True))
+    for base in bases:
+        dps = np.array([1, 2, 4, 8, 16, 64, 256], dtype=np.int64)
+        dps = dps[(base.tp * base.pp * dps < cluster.node.gpus_per_node)
+                  | (base.tp * base.pp * dps % cluster.node.gpus_per_node == 0)]
+        many = _fits_many(model, cluster, base, setup, dps)
+        one = [_fits(model, cluster, base.model_copy(update={"dp": int(d)}), setup) for d in dps]
+        assert list(many) == one, base

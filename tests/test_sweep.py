@@ -65,7 +65,7 @@ def test_every_candidate_satisfies_the_layout_rules(evaluated):
     """tp*pp*dp = GPUs, micro_batch*grad_accum*dp = global batch, plan.validate_layout passes."""
     model, cluster, setup, c, cands, _ = evaluated
     assert np.all(cands["tp"] * cands["pp"] * cands["dp"] == cluster.num_gpus)
-    assert np.all(cands["b"] * cands["m"] * cands["dp"] == setup.global_batch)
+    assert np.all(cands["micro_batch"] * cands["grad_accum"] * cands["dp"] == setup.global_batch)
     for i in random.Random(5).sample(range(len(cands["tp"])), 40):
         plan.validate_layout(model, cluster, sweep.layout_at(cands, i, c), setup)
 
@@ -75,8 +75,9 @@ def test_smaller_micro_batch_never_needs_more_gpu_memory(evaluated):
     (CPU memory can grow: DeepSpeed's ZeRO-Offload adds a gradient-accumulation buffer once
     grad_accum > 1, model_states `accumulated_grads_in_cpu`.)"""
     _, _, _, _, cands, cols = evaluated
-    keys = ("tp", "pp", "dp", "vs", "zero", "opt", "par", "rec", "sp")
-    index = {tuple(int(cands[k][i]) for k in keys) + (int(cands["b"][i]),): i
+    keys = ("tp", "pp", "dp", "virtual_stages", "zero_stage", "offload_optimizer", "offload_params",
+            "recompute", "sequence_parallel")
+    index = {tuple(int(cands[k][i]) for k in keys) + (int(cands["micro_batch"][i]),): i
              for i in range(len(cands["tp"]))}
     checked = 0
     for key, i in index.items():
@@ -222,8 +223,8 @@ def test_interleaved_candidates_match_plan_memory():
     model, cluster, setup, c = _load(CASES[0])
     cands = sweep.enumerate_candidates(model, cluster, setup, c)
     cols = sweep.evaluate(model, cluster, setup, cands, c)
-    inter = np.nonzero(cands["vs"] > 1)[0]
-    by_m = inter[np.argsort(-cands["m"][inter], kind="stable")]
+    inter = np.nonzero(cands["virtual_stages"] > 1)[0]
+    by_m = inter[np.argsort(-cands["grad_accum"][inter], kind="stable")]
     picked = list(by_m[:15]) + random.Random(7).sample(list(by_m[15:]), 25)
     for i in picked:
         layout = sweep.layout_at(cands, int(i), c)

@@ -1,6 +1,8 @@
 """Inputs and model arithmetic: what is trained, on what, laid out how, and what it costs.
 
 - `spec`: the typed inputs (`ModelSpec`, `Cluster`, `Layout`, `TrainSetup`) and unit constants.
+- `columns`: `LayoutColumns`, layouts as a structure of arrays (one layout = one row).
+- `rules`: the layout rules, once: a mask for the sweep and a one-line error for fit / check.
 - `errors`: `PlanInputError`, the one-line bad-input error (exit 2).
 - `recipes`: precision recipes and optimizers (bytes per parameter).
 - `params`: exact parameter counts, and each pipeline stage's tensor-parallel shard.

@@ -585,18 +585,16 @@ class Layout(Frozen):
 
     @model_validator(mode="after")
     def _check(self) -> Layout:
-        if self.offload_params != "none" and self.zero_stage != 3:
-            raise ValueError(
-                f"offload_params={self.offload_params} needs zero_stage=3 (got {self.zero_stage})"
-            )
-        if self.offload_optimizer != "none" and self.zero_stage == 0:
-            raise ValueError(
-                f"offload_optimizer={self.offload_optimizer} needs zero_stage >= 1 (got 0)"
-            )
-        if self.sequence_parallel and self.tp == 1:
-            raise ValueError("sequence_parallel needs tp > 1 (got tp=1)")
-        if self.virtual_stages > 1 and self.pp == 1:
-            raise ValueError(f"virtual_stages={self.virtual_stages} needs pp > 1 (got pp=1)")
+        from planner.core.columns import CODED  # the rule table reads coded columns
+        from planner.core.rules import layout_error
+
+        fields = {name: getattr(self, name) for name in ("tp", "pp", "virtual_stages", "zero_stage",
+                                                         "offload_optimizer", "offload_params",
+                                                         "sequence_parallel")}
+        coded = {k: CODED[k].index(v) if k in CODED else int(v) for k, v in fields.items()}
+        error = layout_error(coded)
+        if error:
+            raise ValueError(error)
         if len(set(self.tempo)) != len(self.tempo):
             raise ValueError(f"tempo: techniques repeat {list(self.tempo)}")
         return self

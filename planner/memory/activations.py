@@ -17,7 +17,12 @@ attention's log-sum-exp, router probabilities and the loss logits fp32 (4 bytes)
 
 from __future__ import annotations
 
-from planner.core import params
+import functools
+
+import numpy as np
+
+from planner.core import params, rules
+from planner.core.columns import LayoutColumns
 from planner.core.errors import PlanInputError
 from planner.core.spec import Frozen, Layout, ModelSpec, TrainSetup, ceil_div
 
@@ -40,14 +45,20 @@ NEGLECTED_BY_SEED = ("norm1.stats", "norm2.stats")
 # --------------------------------------------------------------------------- helpers
 
 
+TP_RULES = ("tp must divide heads, kv heads and the MLP width",
+            "sequence parallel needs tp to divide seq_len")
+
+
 def check_tp(model: ModelSpec, layout: Layout, seq_len: int) -> None:
-    """Megatron splits heads, kv groups and MLP widths evenly (the rule of `params.check_tp`:
-    the expert width for MoE models); SP splits the sequence evenly."""
-    params.check_tp(model, layout.tp)
-    if layout.sequence_parallel and seq_len % layout.tp:
-        raise PlanInputError(
-            "seq_len", f"sequence_parallel needs tp={layout.tp} to divide seq_len ({seq_len})"
-        )
+    """Megatron splits heads, kv groups and MLP widths evenly (the expert width for MoE
+    models); SP splits the sequence evenly: those rules of planner.core.rules, for one layout."""
+    _check_tp(model, layout.tp, layout.sequence_parallel, seq_len)
+
+
+@functools.lru_cache(maxsize=1024)
+def _check_tp(model: ModelSpec, tp: int, sequence_parallel: bool, seq_len: int) -> None:
+    cols = LayoutColumns({"tp": np.array([tp]), "sequence_parallel": np.array([sequence_parallel])})
+    rules.check_rules(rules.Context(model, seq_len_tokens=seq_len), cols, rules.named(*TP_RULES))
 
 
 def replicated_tokens(layout: Layout, seq_len: int) -> int:
@@ -337,6 +348,13 @@ class StageActivations(Frozen):
     """Peak kept activations + recompute_working_bytes."""
 
 
+def in_flight_1f1b(pp, stage, micro_batches):
+    """Micro-batches whose activations 1-based pipeline `stage` holds at its peak under 1F1B:
+    min(p - i + 1, m) (seed 004 §3.5.2; Narayanan et al. 2021 §2.2.1: stage i runs p - i + 1
+    warm-up forwards before its first backward). Integers or integer arrays."""
+    return np.minimum(pp - stage + 1, micro_batches)
+
+
 def interleaved_in_flight(p: int, rank: int, v: int, m: int,
                           chunk_bytes: list[int] | None = None) -> list[int]:
     """Per-chunk forward passes held at the peak on a 0-based pipeline `rank`, interleaved 1F1B.
@@ -367,6 +385,53 @@ def interleaved_in_flight(p: int, rank: int, v: int, m: int,
         if k >= warmup:
             counts[chunk(k - warmup, False)] -= 1
     return best
+
+
+def forwards_of(chunk: int, n, p: int, v: int):
+    """Forwards of model chunk `chunk` among the first n steps of the interleaved schedule
+    (forward k runs chunk (k mod pv) // p): p per whole period of pv steps, plus the part of
+    the last period that falls in [chunk·p, chunk·p + p). Backward k runs chunk
+    v - 1 - (k mod pv) // p, so backwards of c among the first n = `forwards_of(v - 1 - c, n)`."""
+    return n // (p * v) * p + np.minimum(np.maximum(n % (p * v) - chunk * p, 0), p)
+
+
+def interleaved_front(p: int, rank: int, v: int, m: int, chunk: int) -> np.ndarray:
+    """Peak candidates of Megatron's interleaved 1F1B on `rank`, for chunk weights that are equal
+    except chunk `chunk` (0: embedding extras, v-1: head extras): two pairs (chunks held, of
+    which `chunk`), whose best for weights w >= 0 is the replay's peak, max of
+    held·w + extra·(that chunk's extra weight).
+
+    The replay is `interleaved_in_flight`'s: warmup = min(2(p - rank - 1) +
+    (v - 1)p, m·v) forwards (all m·v when m = p), then one forward + one backward per step;
+    forward k runs chunk (k mod pv) // p, backward k the chunks counted down; warmup + 2pv
+    steps suffice. During warmup both counts only grow, so its last state bounds the earlier
+    ones; afterwards warmup + 1 chunks are held at every step, so the steady state with the most
+    of `chunk` bounds the others. Without a steady state (m = p) the two pairs are equal."""
+    return interleaved_fronts(p, rank, v, m, chunk)[0]
+
+
+def interleaved_fronts(p, rank, v, m, chunk) -> np.ndarray:
+    """`interleaved_front` of every element of the argument arrays at once: (replays, 2, 2).
+    The steady steps of all replays are laid end to end in one array (replay r's steps are
+    warmup_r + j for j < steady_r) and each replay's maximum is taken over its segment."""
+    p, rank, v, m, chunk = np.broadcast_arrays(
+        *(np.atleast_1d(np.asarray(x, dtype=np.int64)) for x in (p, rank, v, m, chunk)))
+    total = m * v
+    warmup = np.where(m == p, total, np.minimum(2 * (p - rank - 1) + (v - 1) * p, total))
+    steady = np.minimum(total, warmup + 2 * p * v) - warmup  # steps after warmup (>= 0)
+    start = np.cumsum(steady) - steady  # each replay's first steady step in the flat array
+    r = np.repeat(np.arange(len(p)), steady)  # the replay of each flat step
+    k = warmup[r] + np.arange(len(r)) - start[r]  # step k: forward k, after k - warmup backwards
+    extra = (forwards_of(chunk[r], k + 1, p[r], v[r])
+             - forwards_of(v[r] - 1 - chunk[r], k - warmup[r], p[r], v[r]))
+    last_warmup = forwards_of(chunk, warmup, p, v)
+    best, held = last_warmup.copy(), warmup.copy()  # no steady state: the same pair twice
+    has = steady > 0
+    if has.any():
+        best[has] = np.maximum.reduceat(extra, start[has])
+        held[has] += 1
+    return np.stack([np.stack([warmup, last_warmup], axis=-1), np.stack([held, best], axis=-1)],
+                    axis=1)
 
 
 def _stage_extras(model: ModelSpec, layout: Layout, setup: TrainSetup, stage: int) -> tuple[
@@ -403,7 +468,7 @@ def stage_activations(model: ModelSpec, layout: Layout, setup: TrainSetup,
         chunk_bytes[0] += sum(first.values())
         chunk_bytes[-1] += sum(last.values())
         if v == 1:
-            counts = [min(p - stage + 1, m)]
+            counts = [int(in_flight_1f1b(p, stage, m))]
         else:
             counts = interleaved_in_flight(p, stage - 1, v, m, chunk_bytes)
         kept = sum(c * w for c, w in zip(counts, chunk_bytes, strict=True))

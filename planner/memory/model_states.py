@@ -20,9 +20,13 @@ through pinned CPU buffers (`offload_optimizer.buffer_count` = 4 of the largest 
 
 from __future__ import annotations
 
-import math
 from fractions import Fraction
+from typing import NamedTuple
 
+import numpy as np
+
+from planner.core import rules
+from planner.core.columns import LayoutColumns
 from planner.core.errors import PlanInputError
 from planner.core.params import StageParams, largest_param_numel, layer_tensors_per_rank, norm_params
 from planner.core.recipes import optimizer_bytes_per_param
@@ -74,38 +78,45 @@ class ModelStateBytes(Frozen):
     """Named NVMe parts, bytes."""
 
 
-def partition_numel(num_params: int, dp: int) -> int:
-    """Elements of one rank's partition: ceil(num_params / dp), padded as DeepSpeed does."""
+def partition_numel(num_params, dp):
+    """Elements of one rank's partition: ceil(num_params / dp), padded as DeepSpeed does
+    (integers or integer arrays)."""
     return ceil_div(num_params, dp)
 
 
-def optimizer_state_bytes(numel: int, precision: PrecisionRecipe, optimizer: Optimizer) -> int:
+def _ceil_times(numel, k: Fraction):
+    """ceil(k x numel), exact for integers and integer arrays (no float). An int64 array whose
+    product with k's numerator could pass 2^63 (a user optimizer with a non-binary fractional
+    overhead) is computed in Python ints and returned as float64 (exact below 2^53 bytes)."""
+    if isinstance(numel, np.ndarray) and numel.dtype.kind in "iu" and numel.size \
+            and int(numel.max()) * k.numerator >= 2**63:
+        return (-((-numel.astype(object) * k.numerator) // k.denominator)).astype(np.float64)
+    return -((-numel * k.numerator) // k.denominator)
+
+
+def optimizer_state_bytes(numel, precision: PrecisionRecipe, optimizer: Optimizer):
     """K x numel bytes, rounded up to whole bytes (8-bit Adam's absmax overhead is fractional)."""
-    k = Fraction(optimizer_bytes_per_param(precision, optimizer))  # exact for binary floats
-    return math.ceil(k * numel)
+    return _ceil_times(numel, Fraction(optimizer_bytes_per_param(precision, optimizer)))
 
 
 def check_offload(layout: Layout) -> None:
     """DeepSpeed swaps optimizer state to NVMe only in stage3.py (ZeRO-Infinity); stage_1_and_2.py
-    has only `cpu_offload`, so nvme there would silently keep everything on the GPU."""
-    if layout.offload_optimizer == "nvme" and layout.zero_stage != 3:
-        raise PlanInputError(
-            "offload_optimizer",
-            f"nvme needs zero_stage=3 (got {layout.zero_stage}); DeepSpeed offloads optimizer "
-            "states to NVMe only under ZeRO-3 (ZeRO-Infinity); use cpu for ZeRO-1/2",
-        )
+    has only `cpu_offload`, so nvme there would silently keep everything on the GPU. The rule of
+    planner.core.rules, for one layout (it reads no model, cluster or setup)."""
+    rules.check_rules(None, LayoutColumns.from_layout(layout),  # type: ignore[arg-type]
+                      rules.named("offload_optimizer=nvme needs ZeRO-3"))
 
 
-def aio_aligned_numel(numel: int, element_bytes: int) -> int:
+def aio_aligned_numel(numel, element_bytes: int):
     """numel rounded up to a whole number of 1024-byte aio blocks (`_io_aligned_numel`)."""
     alignment = DS_AIO_ALIGNED_BYTES // element_bytes
     return ceil_div(numel, alignment) * alignment
 
 
-def optimizer_swap_buffer_bytes(part: int) -> int:
+def optimizer_swap_buffer_bytes(part):
     """Pinned fp32 buffers of the NVMe optimizer swapper: buffer_count (4) x the largest
     sub-group (at most sub_group_size = 1e9 elements), aligned (stage3.py, optimizer_utils.py)."""
-    largest = min(part, DS_SUB_GROUP_ELEMENTS)
+    largest = np.minimum(part, DS_SUB_GROUP_ELEMENTS)
     return DS_OPTIMIZER_SWAP_BUFFER_COUNT * aio_aligned_numel(largest, FP32_BYTES) * FP32_BYTES
 
 
@@ -116,59 +127,101 @@ def param_swap_buffer_bytes(param_bytes: int) -> int:
     return DS_PARAM_SWAP_BUFFER_COUNT * per_buffer * param_bytes
 
 
-def _offload_optimizer_parts(part: int, precision: PrecisionRecipe, optimizer: Optimizer,
-                             layout: Layout) -> tuple[dict[str, int], dict[str, int]]:
-    """(cpu, nvme) parts when the optimizer step is offloaded, DeepSpeed ZeRO-Offload/Infinity."""
-    moved = optimizer_state_bytes(part, precision, optimizer)  # the K part leaves the GPU
-    # DeepSpeed always keeps an fp32 gradient partition with the master weights; count it when
+Parts = dict[str, tuple[np.ndarray, np.ndarray]]
+"""Named parts over layout columns: name -> (applies: bool array, bytes: int array). A part
+that does not apply to a row holds 0 bytes there. `parts_total` adds them up per row,
+`parts_row` gives one row's applicable parts as plain ints (the named breakdown of fit)."""
+
+
+def parts_total(parts: Parts, like: np.ndarray):
+    """Sum of the parts per row (0 where none applies), in `like`'s dtype."""
+    total = np.zeros_like(like)
+    for applies, value in parts.values():
+        total = total + np.where(applies, value, 0)
+    return total
+
+
+def parts_row(parts: Parts, i: int = 0) -> dict[str, int]:
+    """The parts that apply to row i, as exact Python ints."""
+    return {name: int(np.broadcast_to(value, applies.shape)[i])
+            for name, (applies, value) in parts.items() if bool(applies[i])}
+
+
+class StateParts(NamedTuple):
+    """Model states of one GPU per row, by where they live."""
+
+    gpu: Parts
+    """`params`, `grads`, `optimizer` resident on the GPU."""
+    cpu: Parts
+    """This GPU's share of host memory (DeepSpeed's offload partitions and buffers)."""
+    nvme: Parts
+    """This GPU's share of NVMe."""
+    partition_numel: np.ndarray
+    """ceil(num_params / dp) per row."""
+
+
+def state_parts(num_params, cols: LayoutColumns, precision: PrecisionRecipe,
+                optimizer: Optimizer) -> StateParts:
+    """Per-GPU model states under ZeRO over dp ranks, with offload (seed 001 §2, 000 §3), for
+    every row of `cols` (reads dp, zero_stage, offload_optimizer, offload_params, grad_accum).
+    `num_params`: the GPU's parameters before ZeRO, one per row (or one for all)."""
+    z, opt, par = cols["zero_stage"], cols["offload_optimizer"], cols["offload_params"]
+    P = np.broadcast_to(num_params, z.shape)
+    part = partition_numel(P, cols["dp"])
+    pb, gb = precision.param_bytes, precision.grad_bytes
+    off, z3 = opt > 0, z == 3
+    params = pb * np.where(z3, part, P)
+    grads = np.where(off & (z >= 2), 0, gb * np.where(z >= 2, part, P))
+    states = optimizer_state_bytes(part, precision, optimizer)
+    # DeepSpeed always keeps an fp32 gradient partition with the master weights; counted when
     # the recipe's K does not already include one (zero-infinity-fp16 does).
     fp32_grad = max(0, FP32_BYTES - precision.optimizer_grad_copy_bytes) * part
-    cpu: dict[str, int] = {}
-    nvme: dict[str, int] = {}
-    far = nvme if layout.offload_optimizer == "nvme" else cpu
-    far["optimizer_states"] = moved
-    if fp32_grad:
-        far["fp32_grad_partition"] = fp32_grad
-    if layout.zero_stage == 3:
-        cpu["grad_partition_buffer"] = precision.grad_bytes * part  # grad_partitions_flat_buffer
-        if layout.offload_optimizer == "nvme":  # pinned swap buffers of the largest sub-group
-            cpu["optimizer_swap_buffers"] = optimizer_swap_buffer_bytes(part)
-    else:
-        cpu["param_partition_buffer"] = precision.param_bytes * part  # bit16 copy-back buffer
-        if layout.grad_accum > 1:
-            cpu["grad_accumulation_buffer"] = precision.param_bytes * part  # accumulated_grads_in_cpu
-    return cpu, nvme
+    gpu: Parts = {
+        "params": (par == 0, params),
+        "grads": (z >= 0, grads),
+        "optimizer": (~off, optimizer_state_bytes(np.where(z == 0, P, part), precision, optimizer)),
+    }
+    cpu: Parts = {
+        "optimizer_states": (opt == 1, states),
+        "fp32_grad_partition": ((opt == 1) & (fp32_grad > 0), fp32_grad),
+        "grad_partition_buffer": (off & z3, gb * part),  # stage3 grad_partitions_flat_buffer
+        "optimizer_swap_buffers": ((opt == 2) & z3, optimizer_swap_buffer_bytes(part)),
+        "param_partition_buffer": (off & ~z3, pb * part),  # bit16 copy-back buffer
+        "grad_accumulation_buffer": (off & ~z3 & (cols["grad_accum"] > 1), pb * part),
+        "param_partition": (par == 1, params),
+        "param_swap_buffers": (par == 2, np.full_like(part, param_swap_buffer_bytes(pb))),
+    }
+    nvme: Parts = {
+        "optimizer_states": (opt == 2, states),
+        "fp32_grad_partition": ((opt == 2) & (fp32_grad > 0), fp32_grad),
+        "param_partition": (par == 2, params),
+    }
+    return StateParts(gpu, cpu, nvme, part)
 
 
 def model_state_bytes(num_params: int, precision: PrecisionRecipe, optimizer: Optimizer,
                       layout: Layout) -> ModelStateBytes:
-    """Per-GPU model states under ZeRO over layout.dp ranks, with offload (seed 001 §2, 000 §3)."""
+    """`state_parts` of one layout (the length-1 evaluation, exact Python ints)."""
     if num_params < 0:
         raise PlanInputError("num_params", f"must be >= 0 (got {num_params})")
     check_offload(layout)
-    stage, part = layout.zero_stage, partition_numel(num_params, layout.dp)
-    params = precision.param_bytes * (part if stage == 3 else num_params)
-    grads = precision.grad_bytes * (part if stage >= 2 else num_params)
-    optimizer_gpu = optimizer_state_bytes(num_params if stage == 0 else part, precision, optimizer)
-    cpu: dict[str, int] = {}
-    nvme: dict[str, int] = {}
-    if layout.offload_optimizer != "none":
-        cpu, nvme = _offload_optimizer_parts(part, precision, optimizer, layout)
-        optimizer_gpu = 0
-        if stage >= 2:
-            grads = 0  # reduced gradients go straight to the host partition
-    if layout.offload_params != "none":  # ZeRO-3 only (Layout enforces it)
-        far = nvme if layout.offload_params == "nvme" else cpu
-        far["param_partition"] = params
-        params = 0
-        if layout.offload_params == "nvme":
-            cpu["param_swap_buffers"] = param_swap_buffer_bytes(precision.param_bytes)
+    cols = exact_columns(layout)
+    parts = state_parts(np.array([num_params], dtype=object), cols, precision, optimizer)
+    gpu, cpu, nvme = (parts_row(p) for p in parts[:3])
+    params, grads, opt = (gpu.get(k, 0) for k in ("params", "grads", "optimizer"))
     return ModelStateBytes(
-        params_bytes=params, grads_bytes=grads, optimizer_bytes=optimizer_gpu,
+        params_bytes=params, grads_bytes=grads, optimizer_bytes=opt,
         cpu_bytes=sum(cpu.values()), nvme_bytes=sum(nvme.values()),
-        gpu_total_bytes=params + grads + optimizer_gpu, partition_numel=part,
+        gpu_total_bytes=params + grads + opt, partition_numel=int(parts.partition_numel[0]),
         cpu_parts=cpu, nvme_parts=nvme,
     )
+
+
+def exact_columns(layout: Layout) -> LayoutColumns:
+    """One layout's columns as Python-int (object) arrays: its figures are exact integers at any
+    size (the sweep's int64 / float64 columns are checked separately)."""
+    cols = LayoutColumns.from_layout(layout)
+    return LayoutColumns({k: v.astype(object) if v.dtype != bool else v for k, v in cols.items()})
 
 
 # --------------------------------------------------------------------------- buffers
@@ -189,9 +242,11 @@ def zero3_persistent_numel(model: ModelSpec, tp: int, stage: StageParams, pp: in
     return stage.num_layers * small + extra
 
 
-def buffer_bytes(model: ModelSpec, layout: Layout, precision: PrecisionRecipe,
-                 stage: StageParams) -> dict[str, int]:
-    """Named temporary GPU buffers of the engines at `layout.buffers`, bytes; the values add up.
+def buffer_parts(stage_numel, largest_numel, persistent_numel, cols: LayoutColumns,
+                 precision: PrecisionRecipe, sizes: EngineBuffers) -> Parts:
+    """Named temporary GPU buffers of the engines at bucket sizes `sizes`, bytes, for every row of
+    `cols` (reads zero_stage, offload_optimizer); per row: the stage's parameters on this GPU,
+    its largest tensor and its ZeRO-3 persistent elements (`zero3_persistent_numel`).
 
     zero 0: PyTorch DDP gradient bucket (ddp_bucket_bytes, bucket_cap_mb, at most the stage's
     gradients). zero 1/2/3: DeepSpeed's contiguous-gradient reduce bucket, allocated whole whatever
@@ -203,22 +258,28 @@ def buffer_bytes(model: ModelSpec, layout: Layout, precision: PrecisionRecipe,
     (stage3_max_live_parameters, which includes the prefetch bucket, at least the largest tensor,
     capped by what the stage holds) and the persistent small tensors.
     """
-    sizes = layout.buffers
-    held = stage.total
-    largest = largest_param_numel(model, layout.tp, stage.stage, layout.pp)
+    z, opt = cols["zero_stage"], cols["offload_optimizer"]
     pb = precision.param_bytes
-    if layout.zero_stage == 0:
-        return {"ddp_grad_bucket": min(sizes.ddp_bucket_bytes, held * precision.grad_bytes)}
-    buffers = {"zero_reduce_bucket": sizes.reduce_bucket_elements * pb}  # allocated whole
-    if layout.offload_optimizer != "none" and layout.zero_stage < 3:
-        buffers["offload_grad_staging"] = largest * pb  # temp_grad_buffer_for_gpu_offload
-    if layout.zero_stage == 3:
-        live = max(sizes.max_live_parameters, sizes.prefetch_bucket_elements, largest)
-        buffers["zero3_gathered_params"] = min(live, held) * pb
-        persistent = zero3_persistent_numel(model, layout.tp, stage, layout.pp,
-                                            sizes.param_persistence_threshold)
-        buffers["zero3_persistent_params"] = persistent * pb
-    return buffers
+    held = np.broadcast_to(stage_numel, z.shape)
+    live = np.maximum(max(sizes.max_live_parameters, sizes.prefetch_bucket_elements), largest_numel)
+    return {
+        "ddp_grad_bucket": (z == 0, np.minimum(sizes.ddp_bucket_bytes, held * precision.grad_bytes)),
+        "zero_reduce_bucket": (z > 0, np.full_like(held, sizes.reduce_bucket_elements * pb)),
+        "offload_grad_staging": ((z > 0) & (z < 3) & (opt > 0), largest_numel * pb),
+        "zero3_gathered_params": (z == 3, np.minimum(live, held) * pb),
+        "zero3_persistent_params": (z == 3, persistent_numel * pb),
+    }
+
+
+def buffer_bytes(model: ModelSpec, layout: Layout, precision: PrecisionRecipe,
+                 stage: StageParams) -> dict[str, int]:
+    """`buffer_parts` of one layout's stage at `layout.buffers` (exact ints); the values add up."""
+    largest = largest_param_numel(model, layout.tp, stage.stage, layout.pp)
+    persistent = zero3_persistent_numel(model, layout.tp, stage, layout.pp,
+                                        layout.buffers.param_persistence_threshold)
+    parts = buffer_parts(np.array([stage.total], dtype=object), largest, persistent,
+                         exact_columns(layout), precision, layout.buffers)
+    return parts_row(parts)
 
 
 def buffer_components(model: ModelSpec, layout: Layout, precision: PrecisionRecipe,

@@ -1,15 +1,18 @@
 """Compose the formula modules into one memory plan per GPU, per pipeline stage, per node.
 
-`validate_layout` applies the cross-field rules (every factor printed); `plan_memory` adds up
-model states (planner.model_states), named buffers, activations and recompute working memory
-(planner.activations) for each pipeline stage, and CPU / NVMe bytes for each node.
+`validate_layout` applies the layout rule table (planner.core.rules; every factor printed);
+`plan_memory` adds up model states and named buffers (planner.memory.model_states, one row of
+the same column functions the sweep evaluates), activations and recompute working memory
+(planner.memory.activations) for each pipeline stage, and CPU / NVMe bytes of the busiest node
+(`node_stage_ranks`, shared with the sweep).
 """
 
 from __future__ import annotations
 
 from planner.memory import activations, model_states
 from planner.core import params
-from planner.core.errors import PlanInputError
+from planner.core import rules
+from planner.core.columns import LayoutColumns
 from planner.core.spec import GIB, Cluster, Frozen, Layout, ModelSpec, TrainSetup, ceil_div
 
 
@@ -63,51 +66,10 @@ class MemoryPlan(Frozen):
 
 
 def validate_layout(model: ModelSpec, cluster: Cluster, layout: Layout, setup: TrainSetup) -> None:
-    """Cross-field rules of model x cluster x layout x setup; each error names every factor."""
-    if layout.num_gpus != cluster.num_gpus:
-        raise PlanInputError(
-            "layout",
-            f"tp*pp*dp = {layout.tp}*{layout.pp}*{layout.dp} = {layout.num_gpus} must equal the "
-            f"cluster's GPUs {cluster.num_gpus} ({cluster.num_nodes} nodes x "
-            f"{cluster.node.gpus_per_node})",
-        )
-    for what, heads in (("num_heads", model.num_heads), ("num_kv_heads", model.kv_heads)):
-        if heads % layout.tp:
-            raise PlanInputError("tp", f"tp={layout.tp} must divide {what}={heads}")
-    if layout.pp * layout.virtual_stages > model.num_layers:
-        raise PlanInputError(
-            "pp",
-            f"pp*virtual_stages = {layout.pp}*{layout.virtual_stages} must not exceed "
-            f"num_layers={model.num_layers}",
-        )
-    if layout.virtual_stages > 1 and model.num_layers % (layout.pp * layout.virtual_stages):
-        raise PlanInputError(
-            "virtual_stages",
-            f"num_layers={model.num_layers} must be divisible by pp*virtual_stages = "
-            f"{layout.pp}*{layout.virtual_stages} for the interleaved schedule",
-        )
-    batch = layout.micro_batch * layout.grad_accum * layout.dp
-    if batch != setup.global_batch:
-        raise PlanInputError(
-            "global_batch",
-            f"micro_batch*grad_accum*dp = {layout.micro_batch}*{layout.grad_accum}*{layout.dp} = "
-            f"{batch} must equal global_batch={setup.global_batch}",
-        )
-    if setup.seq_len > model.max_seq_len:
-        raise PlanInputError(
-            "seq_len", f"seq_len={setup.seq_len} exceeds the model's max_seq_len={model.max_seq_len}"
-        )
-    most_layers = ceil_div(model.num_layers, layout.pp)  # the largest pipeline stage
-    if layout.recompute == "every_k" and layout.recompute_every_k > most_layers:
-        raise PlanInputError(
-            "recompute_every_k",
-            f"recompute_every_k={layout.recompute_every_k} exceeds the layers per stage "
-            f"{most_layers} (num_layers={model.num_layers}, pp={layout.pp})",
-        )
-    model_states.check_offload(layout)
-    nvme = "nvme" in (layout.offload_optimizer, layout.offload_params)
-    if nvme and cluster.node.nvme_bytes == 0:
-        raise PlanInputError("offload", f"NVMe offload asked but node {cluster.node.name} has no NVMe")
+    """Cross-field rules of model x cluster x layout x setup (planner.core.rules, the table the
+    sweep masks its candidates with); the first broken one raises a one-line PlanInputError
+    naming every factor."""
+    rules.check_layout(rules.Context(model, cluster, setup), LayoutColumns.from_layout(layout))
 
 
 def plan_memory(model: ModelSpec, cluster: Cluster, layout: Layout, setup: TrainSetup) -> MemoryPlan:
@@ -150,38 +112,49 @@ def plan_memory(model: ModelSpec, cluster: Cluster, layout: Layout, setup: Train
     return MemoryPlan(stages=stages, node=node, fits=not overflows, overflows=overflows)
 
 
+def node_stage_ranks(ranks_per_stage: int, pp: int, gpus_per_node: int, num_nodes: int,
+                     edges: tuple[int, ...] | None = None) -> list[dict[int, int]]:
+    """Ranks of each pipeline stage on every node whose mix of stages can differ, with
+    Megatron-LM's rank order: tp fastest, then dp, then pp (`parallel_state.py`, order
+    "tp-cp-ep-dp-pp"), so global rank r belongs to stage r // (tp*dp) and node r // g.
+
+    A node either holds a stage boundary (its ranks span stages) or lies inside one stage; the
+    nodes holding a boundary and, per stage, the first node inside it show every mix. Each
+    entry is {stage (0-based): ranks on that node}. `edges`: only the nodes around these ranks
+    (and their neighbours), for a caller to whom some stages are alike (the sweep: every middle
+    stage holds the same bytes, so the first/middle and middle/last boundaries and the ends
+    show every mix of stage kinds)."""
+    g, r_s = gpus_per_node, ranks_per_stage
+    if edges is not None:
+        nodes = {n + d for r in edges for n in ((r - 1) // g, r // g) for d in (-1, 0, 1)}
+    else:
+        nodes = set()
+        for stage in range(pp):
+            first, last = stage * r_s, (stage + 1) * r_s
+            nodes |= {first // g, (last - 1) // g}
+            inner = -(-first // g)
+            if (inner + 1) * g <= last:
+                nodes.add(inner)
+    out = []
+    for node in sorted(n for n in nodes if 0 <= n < num_nodes):
+        lo, hi = node * g, (node + 1) * g
+        counts: dict[int, int] = {}
+        for stage in range(lo // r_s, min((hi - 1) // r_s, pp - 1) + 1):
+            counts[stage] = min(hi, (stage + 1) * r_s) - max(lo, stage * r_s)
+        out.append(counts)
+    return out
+
+
 def _busiest_node(cluster: Cluster, layout: Layout, host: list[tuple[int, int]]) -> NodeMemory:
-    """Host bytes of the node holding the most, with Megatron's rank order.
-
-    Megatron-LM orders ranks tp fastest, then dp, then pp (`parallel_state.py`, order
-    "tp-cp-ep-dp-pp"): global rank r belongs to stage r // (tp*dp); node n holds ranks
-    [n*g, (n+1)*g) for g GPUs per node.
-    """
-    per_node = cluster.node.gpus_per_node
-    ranks_per_stage = layout.tp * layout.dp
-    num_ranks = layout.num_gpus
-
-    def node_sum(node_index: int) -> tuple[int, int]:
-        first, last = node_index * per_node, min((node_index + 1) * per_node, num_ranks)
-        cpu = sum(host[rank // ranks_per_stage][0] for rank in range(first, last))
-        nvme = sum(host[rank // ranks_per_stage][1] for rank in range(first, last))
-        return cpu, nvme
-
-    # Only nodes that hold a stage's first or last rank can mix stages; any other node lies
-    # inside one stage and holds per_node copies of that stage's host bytes.
-    cpu_max = nvme_max = 0
-    for stage, (stage_cpu, stage_nvme) in enumerate(host):
-        first, last = stage * ranks_per_stage, (stage + 1) * ranks_per_stage
-        candidates = [node_sum(first // per_node), node_sum((last - 1) // per_node)]
-        inner = ceil_div(first, per_node)
-        if (inner + 1) * per_node <= last:
-            candidates.append((per_node * stage_cpu, per_node * stage_nvme))
-        cpu_max = max(cpu_max, *(c for c, _ in candidates))
-        nvme_max = max(nvme_max, *(n for _, n in candidates))
+    """Host bytes of the node holding the most (`node_stage_ranks`, Megatron's rank order)."""
+    nodes = node_stage_ranks(layout.tp * layout.dp, layout.pp, cluster.node.gpus_per_node,
+                             cluster.num_nodes)
+    cpu = max(sum(n * host[s][0] for s, n in node.items()) for node in nodes)
+    nvme = max(sum(n * host[s][1] for s, n in node.items()) for node in nodes)
     return NodeMemory(
-        cpu_bytes=cpu_max,
+        cpu_bytes=cpu,
         cpu_capacity_bytes=cluster.node.cpu_memory_bytes,
-        nvme_bytes=nvme_max,
+        nvme_bytes=nvme,
         nvme_capacity_bytes=cluster.node.nvme_bytes,
     )
 

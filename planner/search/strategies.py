@@ -13,8 +13,14 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
+from planner.core import rules
 from planner.core.errors import PlanInputError
 from planner.memory.host import partial_node
+from planner.core import params
+from planner.core.columns import LayoutColumns
+from planner.memory import activations, model_states
 from planner.memory.plan import plan_memory
 from planner.core.spec import Cluster, Frozen, Layout, ModelSpec, TrainSetup
 
@@ -45,6 +51,7 @@ def cluster_with_gpus(cluster: Cluster, num_gpus: int) -> Cluster:
 
 
 def _fits(model: ModelSpec, cluster: Cluster, layout: Layout, setup: TrainSetup) -> bool:
+    """`plan_memory(...).fits` of one layout at its own GPU count (the exact reference)."""
     batch = layout.micro_batch * layout.grad_accum * layout.dp
     setup = setup.model_copy(update={"global_batch": batch})
     try:
@@ -53,34 +60,88 @@ def _fits(model: ModelSpec, cluster: Cluster, layout: Layout, setup: TrainSetup)
         return False
 
 
+def _allowed(model: ModelSpec, cluster: Cluster, base: Layout, setup: TrainSetup) -> bool:
+    """The rule table accepts `base` (its rules other than the GPU count and batch do not
+    depend on dp), checked at dp = 1 on tp*pp GPUs' worth of cluster."""
+    count = base.tp * base.pp
+    ctx = rules.Context(model, cluster.model_copy(update={"num_nodes": 1, "node": cluster.node.model_copy(
+        update={"gpus_per_node": count})}), setup.model_copy(update={
+            "global_batch": base.micro_batch * base.grad_accum}))
+    try:
+        rules.check_layout(ctx, LayoutColumns.from_layout(base.model_copy(update={"dp": 1})))
+    except PlanInputError:
+        return False
+    return True
+
+
+def _fits_many(model: ModelSpec, cluster: Cluster, base: Layout, setup: TrainSetup,
+               dps: np.ndarray) -> np.ndarray:
+    """Does `base` fit at each data-parallel degree of `dps`? One array evaluation of the model
+    (`model_states.state_parts` / `buffer_parts` over a dp column; activations do not depend on
+    dp at a fixed micro-batch and m), every pipeline stage, and the node's CPU / NVMe with
+    min(GPUs, GPUs per node) GPUs on it. Layouts whose host bytes differ between stages (pp > 1
+    with offload) go through `plan_memory` one by one."""
+    counts = base.tp * base.pp * dps
+    per_node = np.minimum(counts, cluster.node.gpus_per_node)
+    cols = LayoutColumns.from_layout(base).take(np.zeros(len(dps), dtype=np.int64))
+    cols = cols.with_columns(dp=dps)
+    stages = params.stage_params(model, base.tp, base.pp)
+    acts = activations.stage_activations(model, base, setup, [s.num_layers for s in stages])
+    prec, opt, node = setup.precision, setup.optimizer, cluster.node
+    fits = np.ones(len(dps), dtype=bool)
+    host = []
+    for sp, act in zip(stages, acts, strict=True):
+        largest = params.largest_param_numel(model, base.tp, sp.stage, base.pp)
+        persistent = model_states.zero3_persistent_numel(
+            model, base.tp, sp, base.pp, base.buffers.param_persistence_threshold)
+        P = np.full(len(dps), sp.total, dtype=np.int64)
+        states = model_states.state_parts(P, cols, prec, opt)
+        buffers = model_states.buffer_parts(P, largest, persistent, cols, prec, base.buffers)
+        gpu = model_states.parts_total(states.gpu, P) + model_states.parts_total(buffers, P)
+        fits &= gpu + act.total_bytes <= cluster.gpu.memory_bytes
+        host.append((model_states.parts_total(states.cpu, P), model_states.parts_total(states.nvme, P)))
+    if base.pp > 1 and any(np.any(c) or np.any(n) for c, n in host):
+        return np.array([_fits(model, cluster, base.model_copy(update={"dp": int(d)}), setup)
+                         for d in dps], dtype=bool)
+    cpu, nvme = host[0]
+    return fits & (per_node * cpu <= node.cpu_memory_bytes) & (per_node * nvme <= node.nvme_bytes)
+
+
 def _min_dp(model: ModelSpec, cluster: Cluster, base: Layout, setup: TrainSetup) -> int | None:
     """Smallest data-parallel degree at which `base` (tp, pp fixed) fits.
 
-    Per-GPU memory never grows with dp for a fixed micro-batch (ZeRO divides by dp), so below one
-    node the counts are tried in turn and above it the node count is bisected.
-    """
+    Per-GPU memory never grows with dp for a fixed micro-batch (ZeRO divides by dp;
+    tests/test_properties.py), so: the power-of-two shares of one node, then whole nodes on a
+    doubling grid, then every count between the last miss and the first fit; each in one array
+    evaluation (`_fits_many`)."""
+    if not _allowed(model, cluster, base, setup):
+        return None
     model_parallel = base.tp * base.pp
     per_node = cluster.node.gpus_per_node
-
-    def fits(dp: int) -> bool:
-        return _fits(model, cluster, base.model_copy(update={"dp": dp}), setup)
-
-    count = 1
-    while count < per_node:  # 1, 2, 4, ... GPUs: a power-of-two share of one node
-        if count % model_parallel == 0 and fits(count // model_parallel):
-            return count // model_parallel
-        count *= 2
+    shares = [c // model_parallel for c in (1 << k for k in range(per_node.bit_length()))
+              if c < per_node and c % model_parallel == 0]
+    if shares:
+        ok = _fits_many(model, cluster, base, setup, np.array(shares, dtype=np.int64))
+        if ok.any():
+            return shares[int(np.argmax(ok))]
     step = model_parallel // math.gcd(per_node, model_parallel)  # nodes per valid dp step
-    low, high = 1, MAX_NODES // step
-    if not fits(high * step * per_node // model_parallel):
+    top = MAX_NODES // step
+    grid = [1 << k for k in range(top.bit_length()) if 1 << k <= top]
+    unit = step * per_node // model_parallel  # dp per step
+    ok = _fits_many(model, cluster, base, setup, np.array(grid, dtype=np.int64) * unit)
+    if not ok.any():
         return None
-    while low < high:
+    first = int(np.argmax(ok))
+    low, high = (grid[first - 1] + 1 if first else 1), grid[first]
+    while high - low > 4096:  # narrow a wide bracket by bisection before the last evaluation
         mid = (low + high) // 2
-        if fits(mid * step * per_node // model_parallel):
+        if _fits_many(model, cluster, base, setup, np.array([mid * unit]))[0]:
             high = mid
         else:
             low = mid + 1
-    return low * step * per_node // model_parallel
+    span = np.arange(low, high + 1, dtype=np.int64)
+    ok = _fits_many(model, cluster, base, setup, span * unit)
+    return int(span[int(np.argmax(ok))]) * unit
 
 
 def _zero_minimum(
@@ -121,7 +182,7 @@ def _megatron_minimum(model: ModelSpec, cluster: Cluster, setup: TrainSetup) -> 
 
 def strategy_minimums(model: ModelSpec, cluster: Cluster, setup: TrainSetup) -> list[StrategyMinimum]:
     """The minimum GPU count of every strategy, in the order the seeds introduce them."""
-    has_nvme = cluster.node.nvme_bytes > 0
+    has_nvme = rules.nvme_ready(rules.Context(model, cluster, setup))  # the fit/sweep rule
     rows = [
         _ddp_minimum(model, cluster, setup),
         _zero_minimum("ZeRO-1", model, cluster, setup, zero_stage=1),

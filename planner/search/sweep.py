@@ -1,44 +1,50 @@
 """Layout search: enumerate every valid parallel layout, evaluate all at once, rank them.
 
-Enumeration (one GPU count): tp divides the GPUs, heads, kv heads and MLP widths and stays in
-a node unless `allow_cross_node_tp`; pp divides num_layers (uneven splits are not enumerated:
-they only add idle layers to a stage; `zplan fit` still accepts them); dp = GPUs / (tp*pp) must
-divide the global batch; virtual stages v divide num_layers / pp and need the micro-batch count
-divisible by pp (Megatron's interleaved-schedule rule); ZeRO 0-3 with optimizer offload
-(cpu for ZeRO >= 1, nvme for ZeRO-3 as DeepSpeed allows) and parameter offload (ZeRO-3);
-recompute none / selective / full; sequence parallel when tp > 1; micro-batches 1, 2, 4, ...
-dividing global_batch / dp, and grad_accum = global_batch / (micro_batch*dp). With dp = 1, ZeRO
->= 1 is kept only with offload (otherwise it equals ZeRO-0).
+Enumeration (one GPU count, `enumerate_layouts`): tp divides the GPUs and stays in a node unless
+`allow_cross_node_tp`; pp divides num_layers (uneven splits are not enumerated: they only add
+idle layers to a stage; `zplan fit` still accepts them); dp = GPUs / (tp*pp); virtual stages v
+divide num_layers / pp; ZeRO 0-3 with optimizer and parameter offload; recompute none /
+selective / full; sequence parallel on/off; micro-batches 1, 2, 4, ... and grad_accum =
+global_batch / (micro_batch*dp). Every combination is masked with the layout rule table
+(planner.core.rules: the GPU count, tp divides heads and widths, batch arithmetic, interleaving
+needs m divisible by pp, offload needs ZeRO, NVMe needs ZeRO-3 and a node with NVMe capacity and
+bandwidth, ...), the table whose one-line errors fit and check print; `SweepResult.excluded`
+names the rules that removed combinations. One search rule on top: with dp = 1, ZeRO >= 1 is
+kept only with offload (otherwise it equals ZeRO-0).
 
-Evaluation is vectorised: each candidate is one element of numpy arrays. Quantities that depend
-only on a few dimensions are computed once per combination and gathered back to the candidates:
-stage parameters per (tp, pp) and activations at b = 1 per (tp, recompute, sequence parallel)
-by the scalar formula modules (params, model_states, activations); the interleaved-1F1B replay
-per (p, v, m); model states, buffers and the busiest node per (tp, pp, ZeRO/offload, m > 1).
-The rest are numpy expressions over all candidates. The numpy code mirrors
-`model_states.model_state_bytes`, `model_states.buffer_bytes`, `activations.stage_activations`
-and `steptime.step_terms`; the test suite compares every column with `plan.plan_memory` and
-`steptime.estimate_step` on random layouts.
+Evaluation (`evaluate`) runs the one model over the candidate columns (`LayoutColumns`): model
+states and buffers (`model_states.state_parts` / `buffer_parts`), activations
+(`activations`, at b = 1 per (tp, recompute, sp), linear in b; in flight by `in_flight_1f1b` /
+`interleaved_fronts`), the busiest node (`plan.node_stage_ranks`) and every step term
+(`steptime.step_columns`); `plan_memory` / `estimate_step` are the same functions on one row.
+Quantities that depend on a few dimensions are computed once per combination and gathered back
+(stage tables per (tp, pp); states, buffers and host bytes per (tp, pp, ZeRO/offload, m > 1)).
+Memory columns are float64 (exact below 2^53 bytes, never wrapped). What stays specific to the
+sweep is enumeration, ranking and rejection reasons.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from collections.abc import Callable
-from fractions import Fraction
 
 import numpy as np
 
-from planner.memory import activations, model_states
-from planner.core import flops, params
+from planner.memory import activations, model_states, plan
+from planner.core import params
 from planner.timing import steptime
 from planner.core.errors import PlanInputError
-from planner.core.recipes import optimizer_bytes_per_param
-from planner.core.spec import GIB, Cluster, Frozen, Layout, ModelSpec, OffloadTarget, TrainSetup
+from planner.core import rules
+from planner.core.columns import OFFLOAD_TARGETS, LayoutColumns, group_rows, representatives
+from planner.core.spec import (
+    GIB, Cluster, EngineBuffers, Frozen, Layout, ModelSpec, OffloadTarget, TrainSetup)
 
-RECOMPUTE_MODES = ("none", "selective", "full")
-TARGETS: tuple[OffloadTarget, ...] = ("none", "cpu", "nvme")
+SEARCHED_RECOMPUTE = ("none", "selective", "full")
+"""Recompute modes the sweep enumerates (codes 0, 1, 2 of columns.RECOMPUTE_MODES)."""
+RECOMPUTE_MODES = SEARCHED_RECOMPUTE
+TARGETS: tuple[OffloadTarget, ...] = OFFLOAD_TARGETS
 
 
 class Constraints(Frozen):
@@ -60,6 +66,9 @@ class Constraints(Frozen):
     allow_cross_node_tp: bool = False
     flash_attention: bool = False
     """Fixed for every candidate (not a searched dimension)."""
+    buffers: EngineBuffers = EngineBuffers()
+    """The engines' bucket sizes of every candidate (e.g. a DeepSpeed config's), as
+    `Layout.buffers`: they reach the memory (buffers) and the step time (exposed last bucket)."""
 
 
 def _allowed(value, pinned) -> bool:
@@ -72,25 +81,26 @@ def _divisors(n: int) -> list[int]:
     return small + [n // d for d in reversed(small) if d * d != n]
 
 
-def _tp_ok(model: ModelSpec, tp: int) -> bool:
-    """tp splits heads, kv heads and MLP widths evenly (params / activations rules)."""
-    try:
-        params.layer_params_per_rank(model, tp)
-    except PlanInputError:
-        return False
-    return True
+def _ints(values) -> np.ndarray:
+    return np.asarray(values, dtype=np.int64)
+
+
+def _tp_ok(model: ModelSpec, cluster: Cluster, setup: TrainSetup, tps: list[int]) -> np.ndarray:
+    """The rule table's tp rule over a list of tp values."""
+    ok, _ = rules.mask(rules.Context(model, cluster, setup), LayoutColumns({"tp": _ints(tps)}))
+    return ok
 
 
 def structures(model: ModelSpec, cluster: Cluster, setup: TrainSetup,
                c: Constraints) -> list[tuple[int, int, int, int]]:
-    """Every (tp, pp, dp, v) the constraints and the divisibility rules allow."""
+    """Every (tp, pp, dp, v) the constraints allow, tp dividing the GPUs and the rule table's
+    tp rule, pp dividing the layers (even stages), dp = GPUs / (tp·pp) dividing the global
+    batch, v dividing the layers per stage. The rule table checks them again (`enumerate`)."""
     n, node = cluster.num_gpus, cluster.node.gpus_per_node
+    tps = [t for t in _divisors(n) if _allowed(t, c.tp) and t <= (c.max_tp or n)
+           and (t <= node or c.allow_cross_node_tp)]
     out = []
-    for tp in _divisors(n):
-        if not (_allowed(tp, c.tp) and tp <= (c.max_tp or n) and _tp_ok(model, tp)):
-            continue
-        if tp > node and not c.allow_cross_node_tp:
-            continue
+    for tp in (t for t, ok in zip(tps, _tp_ok(model, cluster, setup, tps)) if ok):
         for pp in _divisors(n // tp):
             dp = n // (tp * pp)
             if model.num_layers % pp or not _allowed(pp, c.pp) or pp > (c.max_pp or n):
@@ -103,24 +113,19 @@ def structures(model: ModelSpec, cluster: Cluster, setup: TrainSetup,
     return out
 
 
-def state_options(cluster: Cluster, c: Constraints) -> list[tuple[int, int, int]]:
-    """(zero stage, optimizer target, param target) combinations, as target codes 0/1/2."""
-    nvme = cluster.node.nvme_bytes > 0 and cluster.node.nvme_read_gb_per_s > 0 \
-        and cluster.node.nvme_write_gb_per_s > 0
-    out = []
-    for zero in (0, 1, 2, 3):
-        for opt in TARGETS:
-            for par in TARGETS:
-                if opt != "none" and zero == 0 or par != "none" and zero != 3:
-                    continue
-                if opt == "nvme" and zero != 3:  # DeepSpeed swaps optimizer state only in stage 3
-                    continue
-                if "nvme" in (opt, par) and not nvme:
-                    continue
-                if (_allowed(zero, c.zero_stage) and _allowed(opt, c.offload_optimizer)
-                        and _allowed(par, c.offload_params)):
-                    out.append((zero, TARGETS.index(opt), TARGETS.index(par)))
-    return out
+def state_options(model: ModelSpec, cluster: Cluster, setup: TrainSetup,
+                  c: Constraints) -> tuple[np.ndarray, dict[str, int]]:
+    """(zero stage, optimizer target, param target) rows as codes, allowed by the constraints
+    and the rule table (offload needs ZeRO, NVMe needs ZeRO-3 and a node with NVMe capacity and
+    bandwidth), and {rule: combinations it removed}."""
+    grid = [(z, o, p) for z in (0, 1, 2, 3) for o in range(3) for p in range(3)
+            if _allowed(z, c.zero_stage) and _allowed(TARGETS[o], c.offload_optimizer)
+            and _allowed(TARGETS[p], c.offload_params)]
+    rows = _ints(grid).reshape(-1, 3)
+    cols = LayoutColumns(dict(zero_stage=rows[:, 0], offload_optimizer=rows[:, 1],
+                              offload_params=rows[:, 2]))
+    ok, rejected = rules.mask(rules.Context(model, cluster, setup), cols)
+    return rows[ok], rejected
 
 
 # --------------------------------------------------------------------------- candidates
@@ -133,107 +138,77 @@ def micro_batch_options(setup: TrainSetup, c: Constraints) -> list[int]:
     return [2**k for k in range(setup.global_batch.bit_length()) if 2**k <= setup.global_batch]
 
 
-def enumerate_candidates(model: ModelSpec, cluster: Cluster, setup: TrainSetup,
-                         c: Constraints) -> dict[str, np.ndarray]:
-    """Every valid layout as parallel int64 arrays (one element per candidate).
+def enumerate_layouts(model: ModelSpec, cluster: Cluster, setup: TrainSetup,
+                      c: Constraints) -> tuple[LayoutColumns, dict[str, int]]:
+    """Every valid layout as `LayoutColumns`, and {rule: combinations it removed}.
 
-    First the (tp, pp, dp, v, micro-batch) pairs the batch arithmetic allows, then their product
-    with the ZeRO/offload, recompute and sequence-parallel options, then the cross rules."""
-    struct = np.array(structures(model, cluster, setup, c), dtype=np.int64).reshape(-1, 4)
-    micro = np.array(micro_batch_options(setup, c), dtype=np.int64)
+    First the (tp, pp, dp, v, micro-batch) combinations, masked by the rule table (batch
+    arithmetic, interleaving needs m divisible by pp, ...), then their product with the
+    ZeRO/offload, recompute and sequence-parallel options, masked again (sequence parallel
+    needs tp > 1 dividing seq_len). One search rule on top: ZeRO over one dp rank is DDP unless
+    it offloads, so it is not enumerated twice."""
+    ctx = rules.Context(model, cluster, setup)
+    struct = _ints(structures(model, cluster, setup, c)).reshape(-1, 4)
+    micro = _ints(micro_batch_options(setup, c))
     s_idx, b_idx = (a.ravel() for a in np.indices((len(struct), len(micro)), dtype=np.int64))
-    per_rank = setup.global_batch // struct[s_idx, 2]
-    b_all = micro[b_idx]
-    ok = per_rank % b_all == 0
-    ok &= (struct[s_idx, 3] == 1) | ((per_rank // b_all) % struct[s_idx, 1] == 0)  # Megatron:
-    s_idx, b_idx = s_idx[ok], b_idx[ok]  # interleaving needs m divisible by pp
-    states = np.array(state_options(cluster, c), dtype=np.int64).reshape(-1, 3)
-    recompute = np.array([i for i, r in enumerate(RECOMPUTE_MODES) if _allowed(r, c.recompute)],
-                         dtype=np.int64)
+    dp_s, b_s = struct[s_idx, 2], micro[b_idx]
+    pairs = LayoutColumns(dict(tp=struct[s_idx, 0], pp=struct[s_idx, 1], dp=dp_s,
+                               virtual_stages=struct[s_idx, 3], micro_batch=b_s,
+                               grad_accum=setup.global_batch // (dp_s * b_s)))
+    ok, rejected = rules.mask(ctx, pairs)
+    pairs = pairs.take(ok)
+    states, state_rejected = state_options(model, cluster, setup, c)
+    rejected |= state_rejected
+    recompute = _ints([i for i, r in enumerate(SEARCHED_RECOMPUTE) if _allowed(r, c.recompute)])
     seq_par = np.array([s for s in (False, True) if _allowed(s, c.sequence_parallel)], dtype=bool)
-    # Cross rules: sequence parallel splits the sequence over tp; ZeRO over one dp rank is DDP
-    # unless it offloads. Each involves the pair and one factor, so they are marked on the
-    # product (pairs x states x recompute x sp, in this nesting order) before any column is
-    # built, and only the survivors' columns are.
-    tp_s, dp_s = struct[s_idx, 0], struct[s_idx, 2]
-    sp_ok = ~seq_par | ((tp_s > 1) & (setup.seq_len % tp_s == 0))[:, None]
-    zero_ok = (dp_s > 1)[:, None] | (states[:, 0] == 0) | (states[:, 1] > 0) | (states[:, 2] > 0)
-    shape = (len(s_idx), len(states), len(recompute), len(seq_par))
-    ok = np.broadcast_to(zero_ok[:, :, None, None] & sp_ok[:, None, None, :], shape)
-    pair, state, r, s = np.nonzero(ok)  # in C order: the enumeration order
-    row, b = s_idx[pair], micro[b_idx[pair]]
-    tp, pp, dp, vs = (struct[:, k][row] for k in range(4))
-    zero, opt, par = (states[:, k][state] for k in range(3))
-    return dict(tp=tp, pp=pp, dp=dp, vs=vs, zero=zero, opt=opt, par=par, rec=recompute[r],
-                sp=seq_par[s], b=b, m=setup.global_batch // (dp * b))
+    # the product (pairs x states x recompute x sp, in this nesting order); the rules that read
+    # sequence_parallel and the DDP-equivalence pruning are marked on it before any column
+    sp_cols = LayoutColumns(dict(tp=np.repeat(pairs["tp"], len(seq_par)),
+                                 sequence_parallel=np.tile(seq_par, len(pairs))))
+    sp_ok, sp_rejected = rules.mask(ctx, sp_cols)
+    rejected |= sp_rejected
+    sp_ok = sp_ok.reshape(len(pairs), len(seq_par))
+    zero_ok = (pairs["dp"] > 1)[:, None] | (states[:, 0] == 0) | (states[:, 1] > 0) | (states[:, 2] > 0)
+    shape = (len(pairs), len(states), len(recompute), len(seq_par))
+    keep = np.broadcast_to(zero_ok[:, :, None, None] & sp_ok[:, None, None, :], shape)
+    pair, state, r, s = np.nonzero(keep)  # in C order: the enumeration order
+    cols = pairs.take(pair).with_columns(
+        zero_stage=states[state, 0], offload_optimizer=states[state, 1],
+        offload_params=states[state, 2], recompute=recompute[r], sequence_parallel=seq_par[s],
+        recompute_every_k=np.ones(len(pair), dtype=np.int64))
+    return cols, rejected
 
 
-def layout_at(cands: dict[str, np.ndarray], i: int, c: Constraints | None = None) -> Layout:
+def enumerate_candidates(model: ModelSpec, cluster: Cluster, setup: TrainSetup,
+                         c: Constraints) -> LayoutColumns:
+    """`enumerate_layouts` without the rejection counts."""
+    return enumerate_layouts(model, cluster, setup, c)[0]
+
+
+def layout_at(cands: LayoutColumns, i: int, c: Constraints | None = None) -> Layout:
     """The typed Layout of candidate i."""
-    return Layout(
-        tp=int(cands["tp"][i]), pp=int(cands["pp"][i]), dp=int(cands["dp"][i]),
-        virtual_stages=int(cands["vs"][i]), zero_stage=int(cands["zero"][i]),
-        offload_optimizer=TARGETS[int(cands["opt"][i])],
-        offload_params=TARGETS[int(cands["par"][i])],
-        recompute=RECOMPUTE_MODES[int(cands["rec"][i])],
-        sequence_parallel=bool(cands["sp"][i]), micro_batch=int(cands["b"][i]),
-        grad_accum=int(cands["m"][i]), flash_attention=bool(c and c.flash_attention),
-    )
+    c = c or Constraints()
+    return cands.to_layout(i, flash_attention=c.flash_attention, buffers=c.buffers)
 
 
-def _unique_ints(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """`np.unique(values, return_inverse=True)` for non-negative integers: with a presence
-    table (linear, no sort) when the range is small, else `np.unique`."""
-    size = int(values.max(initial=0)) + 1
-    if size > 4 * values.size + 4096:
-        uniq, inverse = np.unique(values, return_inverse=True)
-        return uniq, inverse.reshape(-1)
-    seen = np.zeros(size, dtype=bool)
-    seen[values] = True
-    return np.flatnonzero(seen), (np.cumsum(seen) - 1)[values]
-
-
-def _group(*keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Unique rows of the stacked non-negative integer keys, in `np.unique`'s sorted order, and
-    each candidate's row index. The columns are packed into one int64 in mixed radix (radix:
-    the column's largest value + 1) and the packed values grouped. When that range would be
-    wide, each column is first replaced by its rank among its distinct values."""
-    n = len(keys[0])
-    keys = [np.asarray(key, dtype=np.int64) for key in keys]
-    radix = [int(key.max(initial=0)) + 1 for key in keys]
-    values = None  # column values by rank, when ranked
-    if math.prod(radix) > 4 * n + 4096:
-        values, keys = zip(*(_unique_ints(key) for key in keys))
-        radix = [max(len(v), 1) for v in values]
-    packed = np.zeros(n, dtype=np.int64)
-    for key, base in zip(keys, radix):
-        packed = packed * base + key
-    uniq, inverse = _unique_ints(packed)
-    columns = []
-    for i in reversed(range(len(keys))):  # unpack the mixed radix, last key first
-        uniq, digit = np.divmod(uniq, radix[i])
-        columns.append(digit if values is None else values[i][digit])
-    return np.stack(columns[::-1], axis=1).astype(np.int64), inverse.astype(np.int64)
-
-
-def _representatives(inverse: np.ndarray, groups: int) -> np.ndarray:
-    """One candidate index per group (any member: every member gives the same value)."""
-    rep = np.zeros(groups, dtype=np.int64)
-    rep[inverse] = np.arange(len(inverse), dtype=np.int64)
-    return rep
+_group = group_rows
+_representatives = representatives
 
 
 # --------------------------------------------------------------------------- per-combination tables
 
 
-def stage_table(model: ModelSpec, tp: int, pp: int) -> dict[str, tuple[int, int, int]]:
+@functools.lru_cache(maxsize=4096)
+def stage_table(model: ModelSpec, tp: int, pp: int,
+                threshold: int = model_states.DEFAULT_BUFFERS.param_persistence_threshold,
+                ) -> dict[str, tuple[int, int, int]]:
     """Scalar facts of the first, a middle and the last stage (params, model_states): parameters
     per GPU, largest tensor, ZeRO-3 persistent elements; a middle stage exists when pp >= 3."""
     stages = params.stage_params(model, tp, pp)
     kinds = (stages[0], stages[1] if pp >= 3 else stages[0], stages[-1])
     distinct = {s.stage: s for s in kinds}  # pp = 1 and 2 repeat a stage
     largest = {i: params.largest_param_numel(model, tp, i, pp) for i in distinct}
-    persistent = {i: model_states.zero3_persistent_numel(model, tp, s, pp)
+    persistent = {i: model_states.zero3_persistent_numel(model, tp, s, pp, threshold)
                   for i, s in distinct.items()}
     return {
         "params": tuple(s.total for s in kinds),
@@ -244,21 +219,18 @@ def stage_table(model: ModelSpec, tp: int, pp: int) -> dict[str, tuple[int, int,
     }
 
 
+@functools.lru_cache(maxsize=4096)
 def node_stage_counts(tp: int, dp: int, pp: int, gpus_per_node: int,
                       num_nodes: int) -> list[tuple[int, int, int]]:
-    """Distinct (ranks in the first stage, in middle stages, in the last stage) per node, with
-    Megatron's rank order (stage = rank // (tp*dp)), as `plan._busiest_node` walks them. A node's
-    row changes only where a first/middle or middle/last boundary falls, so the nodes holding the
-    ranks around those boundaries and the two ends, with their neighbours, show every row."""
+    """Distinct (ranks in the first stage, in middle stages, in the last stage) per node:
+    `plan.node_stage_ranks` with the stages folded into the three kinds (pp divides the layers in
+    the search, so every middle stage holds the same bytes)."""
     per_stage, rows = tp * dp, set()
     edges = (0, per_stage, (pp - 1) * per_stage, num_nodes * gpus_per_node)
-    nodes = {n + d for r in edges for n in ((r - 1) // gpus_per_node, r // gpus_per_node)
-             for d in (-1, 0, 1)}
-    for node in sorted(x for x in nodes if 0 <= x < num_nodes):
-        lo, hi = node * gpus_per_node, (node + 1) * gpus_per_node
-        first = max(0, min(hi, per_stage) - lo)
-        last = max(0, hi - max(lo, (pp - 1) * per_stage)) if pp > 1 else 0
-        rows.add((first, gpus_per_node - first - last, last))
+    for node in plan.node_stage_ranks(per_stage, pp, gpus_per_node, num_nodes, edges):
+        first = node.get(0, 0)
+        last = node.get(pp - 1, 0) if pp > 1 else 0
+        rows.add((first, sum(node.values()) - first - last, last))
     return sorted(rows)
 
 
@@ -277,109 +249,32 @@ def activation_table(model: ModelSpec, setup: TrainSetup, tp: int, rec: int, sp:
     )
 
 
-def _forwards_of(chunk: int, n, p: int, v: int):
-    """Forwards of model chunk `chunk` among the first n steps of the interleaved schedule
-    (forward k runs chunk (k mod pv) // p): p per whole period of pv steps, plus the part of
-    the last period that falls in [chunk·p, chunk·p + p). Backward k runs chunk
-    v - 1 - (k mod pv) // p, so backwards of c among the first n = `_forwards_of(v - 1 - c, n)`."""
-    return n // (p * v) * p + np.minimum(np.maximum(n % (p * v) - chunk * p, 0), p)
-
-
-def interleaved_front(p: int, rank: int, v: int, m: int, chunk: int) -> np.ndarray:
-    """Peak candidates of Megatron's interleaved 1F1B on `rank`, for chunk weights that are equal
-    except chunk `chunk` (0: embedding extras, v-1: head extras): two pairs (chunks held, of
-    which `chunk`), whose best for weights w >= 0 is the replay's peak, max of
-    held·w + extra·(that chunk's extra weight).
-
-    The replay is `activations.interleaved_in_flight`'s: warmup = min(2(p - rank - 1) +
-    (v - 1)p, m·v) forwards (all m·v when m = p), then one forward + one backward per step;
-    forward k runs chunk (k mod pv) // p, backward k the chunks counted down; warmup + 2pv
-    steps suffice. During warmup both counts only grow, so its last state bounds the earlier
-    ones; afterwards warmup + 1 chunks are held at every step, so the steady state with the most
-    of `chunk` bounds the others. Without a steady state (m = p) the two pairs are equal."""
-    return interleaved_fronts(p, rank, v, m, chunk)[0]
-
-
-def interleaved_fronts(p, rank, v, m, chunk) -> np.ndarray:
-    """`interleaved_front` of every element of the argument arrays at once: (replays, 2, 2).
-    The steady steps of all replays are laid end to end in one array (replay r's steps are
-    warmup_r + j for j < steady_r) and each replay's maximum is taken over its segment."""
-    p, rank, v, m, chunk = np.broadcast_arrays(
-        *(np.atleast_1d(np.asarray(x, dtype=np.int64)) for x in (p, rank, v, m, chunk)))
-    total = m * v
-    warmup = np.where(m == p, total, np.minimum(2 * (p - rank - 1) + (v - 1) * p, total))
-    steady = np.minimum(total, warmup + 2 * p * v) - warmup  # steps after warmup (>= 0)
-    start = np.cumsum(steady) - steady  # each replay's first steady step in the flat array
-    r = np.repeat(np.arange(len(p)), steady)  # the replay of each flat step
-    k = warmup[r] + np.arange(len(r)) - start[r]  # step k: forward k, after k - warmup backwards
-    extra = (_forwards_of(chunk[r], k + 1, p[r], v[r])
-             - _forwards_of(v[r] - 1 - chunk[r], k - warmup[r], p[r], v[r]))
-    last_warmup = _forwards_of(chunk, warmup, p, v)
-    best, held = last_warmup.copy(), warmup.copy()  # no steady state: the same pair twice
-    has = steady > 0
-    if has.any():
-        best[has] = np.maximum.reduceat(extra, start[has])
-        held[has] += 1
-    return np.stack([np.stack([warmup, last_warmup], axis=-1), np.stack([held, best], axis=-1)],
-                    axis=1)
+_forwards_of = activations.forwards_of
+interleaved_front = activations.interleaved_front
+interleaved_fronts = activations.interleaved_fronts
 
 
 # --------------------------------------------------------------------------- memory, vectorised
 
 
-def _ceil_k(numel: np.ndarray, k: Fraction) -> np.ndarray:
-    """ceil(K x numel) exactly (model_states.optimizer_state_bytes) in int64."""
-    return -((-numel * k.numerator) // k.denominator)
-
-
 def state_bytes(P, dp, zero, opt, par, m, setup: TrainSetup):
-    """(gpu, cpu, nvme) model-state bytes per GPU: `model_states.model_state_bytes` over arrays."""
-    prec = setup.precision
-    k = Fraction(optimizer_bytes_per_param(prec, setup.optimizer))
-    pb, gb = prec.param_bytes, prec.grad_bytes
-    part = model_states.partition_numel(P, dp)  # ceil(P / dp), DeepSpeed's padded partition
-    par_b = pb * np.where(zero == 3, part, P)
-    grads = gb * np.where(zero >= 2, part, P)
-    opt_gpu = _ceil_k(np.where(zero == 0, P, part), k)
-    off = opt > 0
-    opt_gpu = np.where(off, 0, opt_gpu)
-    grads = np.where(off & (zero >= 2), 0, grads)
-    far = _ceil_k(part, k) + max(0, model_states.FP32_BYTES - prec.optimizer_grad_copy_bytes) * part
-    swap = model_states.DS_OPTIMIZER_SWAP_BUFFER_COUNT * model_states.aio_aligned_numel(
-        np.minimum(part, model_states.DS_SUB_GROUP_ELEMENTS), model_states.FP32_BYTES
-    ) * model_states.FP32_BYTES  # model_states.optimizer_swap_buffer_bytes over arrays
-    near_z3 = gb * part + np.where(opt == 2, swap, 0)  # grad partition (+ NVMe swap buffers)
-    near_z12 = pb * part + np.where(m > 1, pb * part, 0)  # bit16 buffer (+ accumulated grads)
-    cpu = np.where(off, np.where(opt == 1, far, 0) + np.where(zero == 3, near_z3, near_z12), 0)
-    nvme = np.where(opt == 2, far, 0)
-    param_swap = model_states.param_swap_buffer_bytes(pb)
-    cpu = cpu + np.where(par == 1, par_b, 0) + np.where(par == 2, param_swap, 0)
-    nvme = nvme + np.where(par == 2, par_b, 0)
-    par_b = np.where(par > 0, 0, par_b)
-    return par_b + grads + opt_gpu, cpu, nvme
-
-
-def buffers_total(P, largest, persistent, zero, opt, setup: TrainSetup):
-    """Sum of `model_states.buffer_bytes` over arrays, at the engines' default bucket sizes
-    (the sweep enumerates default `Layout.buffers` only)."""
-    pb, gb = setup.precision.param_bytes, setup.precision.grad_bytes
-    sizes = model_states.DEFAULT_BUFFERS
-    ddp = np.minimum(sizes.ddp_bucket_bytes, P * gb)
-    zero_b = np.full_like(P, sizes.reduce_bucket_elements * pb)  # allocated whole
-    zero_b = zero_b + np.where((opt > 0) & (zero < 3), largest * pb, 0)
-    live = np.maximum(max(sizes.max_live_parameters, sizes.prefetch_bucket_elements), largest)
-    zero_b = zero_b + np.where(zero == 3, np.minimum(live, P) * pb + persistent * pb, 0)
-    return np.where(zero == 0, ddp, zero_b)
+    """(gpu, cpu, nvme) model-state bytes per GPU of each row: `model_states.state_parts`
+    summed (the only formula; kept for callers that hold bare arrays)."""
+    cols = LayoutColumns(dict(dp=dp, zero_stage=zero, offload_optimizer=opt, offload_params=par,
+                              grad_accum=m))
+    parts = model_states.state_parts(P, cols, setup.precision, setup.optimizer)
+    like = np.asarray(P) * 0 + cols["dp"] * 0
+    return tuple(model_states.parts_total(p, like) for p in parts[:3])
 
 
 def kept_activation_bytes_b1(cands: dict[str, np.ndarray], chunk, first, last):
     """Peak kept activations of the first and last stage at micro_batch 1
     (`activations.stage_activations`): 1F1B holds min(p, m) micro-batches on stage 1 and one on
     stage p; interleaved stages take the replay's largest chunk-weighted state."""
-    pp, vs, m = cands["pp"], cands["vs"], cands["m"]
+    pp, vs, m = cands["pp"], cands["virtual_stages"], cands["grad_accum"]
     single = pp == 1  # one stage carries the embedding and the head
-    f = np.minimum(pp, m) * (chunk + first + np.where(single, last, 0))
-    lst = np.where(single, f, chunk + last)
+    f = activations.in_flight_1f1b(pp, 1, m) * (chunk + first + np.where(single, last, 0))
+    lst = np.where(single, f, activations.in_flight_1f1b(pp, pp, m) * (chunk + last))
     inter = np.nonzero(vs > 1)[0]
     if inter.size:
         p_i, v_i = pp[inter], vs[inter]
@@ -407,8 +302,9 @@ def node_counts(cluster: Cluster, keys: np.ndarray) -> np.ndarray:
     return counts
 
 
-def model_state_columns(cluster: Cluster, setup: TrainSetup, cands: dict[str, np.ndarray],
-                        tp_pp: np.ndarray, tp_pp_inv: np.ndarray, tables: dict[str, np.ndarray]):
+def model_state_columns(cluster: Cluster, setup: TrainSetup, cands: LayoutColumns,
+                        tp_pp: np.ndarray, tp_pp_inv: np.ndarray, tables: dict[str, np.ndarray],
+                        buffers: EngineBuffers = model_states.DEFAULT_BUFFERS):
     """(first-stage GPU, last-stage GPU, busiest node CPU, busiest node NVMe) bytes of model
     states and buffers, per candidate.
 
@@ -416,19 +312,22 @@ def model_state_columns(cluster: Cluster, setup: TrainSetup, cands: dict[str, np
     ZeRO / offload state, and whether m > 1 (the only use `state_bytes` makes of m): a few
     hundred combinations for tens of thousands of candidates. Each combination is evaluated
     once, at one of its candidates, and the values are gathered back."""
-    zero, opt, par, m = (cands[k] for k in ("zero", "opt", "par", "m"))
-    keys, inv = _group(tp_pp_inv, zero, opt, par, m > 1)
+    keys, inv = _group(tp_pp_inv, *(cands[k] for k in ("zero_stage", "offload_optimizer",
+                                                      "offload_params")), cands["grad_accum"] > 1)
     rep = _representatives(inv, len(keys))
     row = tp_pp_inv[rep]  # the (tp, pp) row of each combination
-    dp, zero, opt, par, m = (cands[k][rep] for k in ("dp", "zero", "opt", "par", "m"))
+    sub = cands.take(rep)
     gpu, host = [], []
     for kind in (0, 1, 2):  # first, middle, last stage
         P = tables["params"][row, kind]
-        g, cpu, nvme = state_bytes(P, dp, zero, opt, par, m, setup)
-        g = g + buffers_total(P, tables["largest"][row, kind], tables["persistent"][row, kind],
-                              zero, opt, setup)
-        gpu.append(g)
-        host.append((cpu, nvme))
+        states = model_states.state_parts(P, sub, setup.precision, setup.optimizer)
+        buffers_parts = model_states.buffer_parts(
+            P, tables["largest"][row, kind], tables["persistent"][row, kind], sub,
+            setup.precision, buffers)
+        gpu.append(model_states.parts_total(states.gpu, P)
+                   + model_states.parts_total(buffers_parts, P))
+        host.append((model_states.parts_total(states.cpu, P),
+                     model_states.parts_total(states.nvme, P)))
     counts = node_counts(cluster, tp_pp)[row]  # (combinations, node rows, 3 stage kinds)
     node_cpu = np.max(sum(counts[:, :, k] * host[k][0][:, None] for k in range(3)), axis=1)
     node_nvme = np.max(sum(counts[:, :, k] * host[k][1][:, None] for k in range(3)), axis=1)
@@ -442,71 +341,31 @@ def evaluate(model: ModelSpec, cluster: Cluster, setup: TrainSetup, cands: dict[
              c: Constraints | None = None, efficiency: float | None = None) -> dict[str, np.ndarray]:
     """Memory (worst stage, busiest node) and step time of every candidate, as columns."""
     c = c or Constraints()
-    tp, pp, vs, rec, sp, b = (cands[k] for k in ("tp", "pp", "vs", "rec", "sp", "b"))
+    tp, pp, vs, rec, sp, b = (cands[k] for k in ("tp", "pp", "virtual_stages", "recompute", "sequence_parallel", "micro_batch"))
     keys, inv = _group(tp, pp)
-    stage = [stage_table(model, t, p) for t, p in keys.tolist()]
+    threshold = c.buffers.param_persistence_threshold
+    stage = [stage_table(model, t, p, threshold) for t, p in keys.tolist()]
     tables = {name: np.array([s[name] for s in stage], dtype=np.int64).reshape(-1, 3)
               for name in STAGE_FIELDS}  # (tp, pp) rows x (first, middle, last stage)
 
     akeys, ainv = _group(tp, rec, sp)
     act = np.array([activation_table(model, setup, t, r, bool(s), c.flash_attention)
-                    for t, r, s in akeys.tolist()], dtype=np.int64).reshape(-1, 4)
+                    for t, r, s in akeys.tolist()], dtype=np.float64).reshape(-1, 4)
     block, first_x, last_x, working = (act[:, k][ainv] for k in range(4))
     chunk = block * (model.num_layers // (pp * vs))  # blocks per model chunk (pp | layers)
     kept_f, kept_l = kept_activation_bytes_b1(cands, chunk, first_x, last_x)
     states_first, states_last, node_cpu, node_nvme = model_state_columns(
-        cluster, setup, cands, keys, inv, tables)
+        cluster, setup, cands, keys, inv, tables, c.buffers)
     gpu_first = states_first + b * (kept_f + working)
     gpu_last = states_last + b * (kept_l + working)
     peak = np.maximum(gpu_first, gpu_last)
     capacity = cluster.gpu.memory_bytes
     out = dict(gpu_peak_bytes=peak, peak_stage=np.where(gpu_last > gpu_first, pp, 1),
                headroom_bytes=capacity - peak, node_cpu_bytes=node_cpu, node_nvme_bytes=node_nvme)
-    out |= _step_columns(model, cluster, setup, cands, c, efficiency,
-                         tables["max_layers"][inv, 0], tables["max_params"][inv, 0])
+    out |= steptime.step_columns(model, cluster, setup, cands, tables["max_layers"][inv, 0],
+                                 tables["max_params"][inv, 0], flash_attention=c.flash_attention,
+                                 buffers=c.buffers, efficiency=efficiency)
     return out
-
-
-def _step_columns(model, cluster, setup, cands, c: Constraints, efficiency, layers, stage_params):
-    """`steptime.step_terms` over the candidate arrays, FLOPs per recompute mode from flops."""
-    r = steptime.cluster_rates(cluster, setup, efficiency)
-    table = [flops.step_flops(model, setup, Layout(recompute=mode, flash_attention=c.flash_attention))
-             for mode in RECOMPUTE_MODES]
-    rec = cands["rec"]
-
-    def per_mode(name: str) -> np.ndarray:
-        return np.array([getattr(t, name) for t in table], dtype=np.float64)[rec]
-
-    allreduces = np.array([steptime.tp_allreduces_per_layer(mode) for mode in RECOMPUTE_MODES])
-    per_gpu = layers * cands["pp"] / model.num_layers / r.num_gpus  # slowest stage's share
-    prec = setup.precision
-    token_b, score_b = steptime.elementwise_layer_bytes(
-        model, setup.seq_len, cands["b"], cands["tp"], cands["sp"], c.flash_attention,
-        prec.activation_bytes)
-    terms = steptime.step_terms(
-        r, tp=cands["tp"], pp=cands["pp"], dp=cands["dp"], vs=cands["vs"], zero=cands["zero"],
-        opt_target=cands["opt"], param_target=cands["par"], m=cands["m"], layers=layers,
-        act_bytes=cands["b"] * setup.seq_len * model.hidden_size * prec.activation_bytes,
-        sp=cands["sp"], tp_allreduces=allreduces[rec],
-        elementwise_bytes=steptime.elementwise_step_bytes(token_b, score_b, rec),
-        elementwise_fwd_bytes=token_b + score_b,
-        shard_params=steptime.zero_shard_params(stage_params, cands["dp"], cands["zero"]),
-        stage_params=stage_params, grad_bytes=prec.grad_bytes, param_bytes=prec.param_bytes,
-        optimizer_bytes=optimizer_bytes_per_param(prec, setup.optimizer),
-        fwd_flops=per_mode("forward_flops") * per_gpu, bwd_flops=per_mode("backward_flops") * per_gpu,
-        recompute_flops=per_mode("recompute_flops") * per_gpu,
-    )
-    rates = steptime.rate_terms(r, terms["step_s"], setup.global_batch * setup.seq_len,
-                                per_mode("model_flops"), per_mode("hardware_flops"),
-                                setup.train_tokens)
-    cols = {**terms, **rates, "efficiency": r.efficiency}
-    return {k: _float_column(v, rec.shape) for k, v in cols.items()}
-
-
-def _float_column(value, shape: tuple[int, ...]) -> np.ndarray:
-    """A float64 column of `shape`: the array itself when it already is one (no copy)."""
-    value = np.asarray(value, dtype=np.float64)
-    return value if value.shape == shape else np.broadcast_to(value, shape).copy()
 
 
 # --------------------------------------------------------------------------- ranking
@@ -558,6 +417,10 @@ class SweepResult(Frozen):
     top: list[SweepRow]
     rejected: list[SweepRow]
     """The best-ranked layouts that do not fit, with the reason."""
+    excluded: dict[str, int] = {}
+    """Layout rules (planner.core.rules) that removed combinations from the enumeration, with the
+    number of combinations each removed (counted where the rule was applied, before the
+    product with the other dimensions)."""
     empty_reason: str = ""
     """Why nothing fits, or why nothing was enumerated; empty when `top` is not."""
     seconds: float = 0.0
@@ -569,7 +432,7 @@ def evaluate_all(model, cluster, setup, cands, c, efficiency=None,
     total = len(cands["tp"])
     parts = []
     for start in range(0, max(total, 1), CHUNK):
-        part = {k: v[start:start + CHUNK] for k, v in cands.items()}
+        part = cands.take(slice(start, start + CHUNK))
         parts.append(evaluate(model, cluster, setup, part, c, efficiency))
         if progress:
             progress(min(start + CHUNK, total), total)
@@ -649,13 +512,13 @@ def explain_empty(model: ModelSpec, cluster: Cluster, setup: TrainSetup, c: Cons
             if v is not None and k not in ("allow_cross_node_tp", "flash_attention")}
     for name in pins:
         relaxed = c.model_copy(update={name: None})
-        count = len(enumerate_candidates(model, cluster, setup, relaxed)["tp"])
+        count = len(enumerate_candidates(model, cluster, setup, relaxed))
         if count:
             return (f"the constraint {name}={pins[name]} rules out every layout "
                     f"({count} layouts without it)")
     n = cluster.num_gpus
     if not c.allow_cross_node_tp and not any(
-            _tp_ok(model, t) for t in _divisors(n) if t <= cluster.node.gpus_per_node):
+            _tp_ok(model, cluster, setup, [t for t in _divisors(n) if t <= cluster.node.gpus_per_node])):
         return "no tp within a node divides the heads, kv heads and MLP width (try --allow-cross-node-tp)"
     return (f"no tp*pp*dp = {n} with tp | heads ({model.num_heads}), pp | layers "
             f"({model.num_layers}) and dp | global_batch ({setup.global_batch}), "
@@ -679,21 +542,19 @@ def sweep(model: ModelSpec, cluster: Cluster, setup: TrainSetup, constraints: Co
     """Enumerate, evaluate and rank every layout of `cluster`'s GPU count."""
     start = time.perf_counter()
     c = constraints or Constraints()
-    if setup.seq_len > model.max_seq_len:
-        raise PlanInputError("seq_len", f"seq_len={setup.seq_len} exceeds the model's "
-                                        f"max_seq_len={model.max_seq_len}")
+    rules.check_setup(model, setup)
     steptime.cluster_rates(cluster, setup, efficiency)  # input errors before any work
     check_sort(sort)
-    cands = enumerate_candidates(model, cluster, setup, c)
-    n = len(cands["tp"])
+    cands, excluded = enumerate_layouts(model, cluster, setup, c)
+    n = len(cands)
     base = dict(model=model.name, cluster=cluster.name, num_gpus=cluster.num_gpus, sort=sort,
-                evaluated=n)
+                evaluated=n, excluded=excluded)
     if n == 0:
         return SweepResult(**base, fitting=0, rejected_gpu=0, rejected_cpu=0, rejected_nvme=0,
                            top=[], rejected=[], empty_reason=explain_empty(model, cluster, setup, c),
                            seconds=time.perf_counter() - start)
     cols = evaluate_all(model, cluster, setup, cands, c, efficiency, progress)
-    cols |= {"opt": cands["opt"], "par": cands["par"]}  # offload codes for tie-breaking
+    cols |= {"opt": cands["offload_optimizer"], "par": cands["offload_params"]}  # offload codes for tie-breaking
     ok = fit_masks(cols, cluster)
     fits = ok[0] & ok[1] & ok[2]
     good = rank_order(cols, np.nonzero(fits)[0], sort, top)

@@ -23,15 +23,17 @@ element-wise backward traffic is taken as twice the forward's.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
 from planner.core import flops as flops_mod
 from planner.core import params
+from planner.core.columns import RECOMPUTE_MODES, LayoutColumns
 from planner.core.errors import PlanInputError
 from planner.memory.model_states import DEFAULT_BUFFERS
 from planner.core.recipes import optimizer_bytes_per_param
-from planner.core.spec import GB, US, Cluster, Frozen, Layout, ModelSpec, TrainSetup
+from planner.core.spec import GB, US, Cluster, EngineBuffers, Frozen, Layout, ModelSpec, TrainSetup
 
 
 class StepEstimate(Frozen):
@@ -114,7 +116,7 @@ def elementwise_layer_bytes(model: ModelSpec, seq_len, micro_batch, tp, sp, flas
     unless sequence parallel splits them; the MLP and the scores are split by tp. Flash
     attention keeps the scores on chip (Dao et al. 2022 §3.1).
     """
-    tokens = seq_len * micro_batch
+    tokens = np.multiply(seq_len, micro_batch, dtype=np.float64)  # no int64 wrap at 10M x 1M
     mask = 1 if model.dropout else 0  # dropout masks: 1 byte per element
     e = elem_bytes
     replicated = tokens * model.hidden_size * (2 * 2 * e + 2 * (3 * e + mask))  # 2 LN + 2 BDA
@@ -299,7 +301,7 @@ def cluster_rates(cluster: Cluster, setup: TrainSetup, efficiency: float | None 
         inter_bw_per_gpu=cluster.inter_node_bytes_per_s / node.gpus_per_node,
         inter_lat=cluster.inter_node_latency_us * US,
         pcie_bw=node.pcie_bytes_per_s,
-        # 0 means "no NVMe": a placeholder that is never used (NVMe layouts are refused then)
+        # 0 means "no NVMe": never used, NVMe layouts are refused then (planner.core.rules)
         nvme_read_bw=node.nvme_read_gb_per_s * GB or math.inf,
         nvme_write_bw=node.nvme_write_gb_per_s * GB or math.inf,
         cpu_adam_params_per_s=node.cpu_adam_params_per_s,
@@ -326,58 +328,112 @@ def model_parallel_comm_s(r: Rates, tp, pp, vs, m, layers, act_bytes, sp, tp_all
     return tp_comm, pp_comm
 
 
-def step_terms(r: Rates, *, tp, pp, dp, vs, zero, opt_target, param_target, m, layers,
-               act_bytes, sp, tp_allreduces, elementwise_bytes, elementwise_fwd_bytes,
-               shard_params, stage_params, grad_bytes, param_bytes, optimizer_bytes, fwd_flops,
-               bwd_flops, recompute_flops, reduce_bucket_elements=DEFAULT_BUFFERS.reduce_bucket_elements,
-               ddp_bucket_bytes=DEFAULT_BUFFERS.ddp_bucket_bytes):
-    """Every time term of one step, for scalars or numpy arrays of candidates.
-
-    The bucket sizes are the layout's engine buffers (`Layout.buffers`); the sweep only
-    enumerates the engines' defaults.
+@dataclass(frozen=True)
+class StageWork:
+    """What the slowest pipeline stage's GPU does in one step, per layout row (arrays or scalars).
 
     Per GPU: `layers` of the largest stage, `stage_params` its parameters (one tp rank),
-    `shard_params` the ZeRO shard of them; FLOPs per GPU per step; act_bytes = b*s*h*bytes;
+    `shard_params` the ZeRO shard of them; FLOPs per GPU per step; `act_bytes` = b·s·h·bytes;
     `elementwise_bytes` (all passes) and `elementwise_fwd_bytes` (the forward) per layer and
-    micro-batch (`elementwise_layer_bytes`, `elementwise_step_bytes`).
-    """
-    node = r.gpus_per_node
-    compute = compute_time_s(fwd_flops + bwd_flops, r.peak_flops_per_s, r.efficiency)
-    recompute = compute_time_s(recompute_flops, r.peak_flops_per_s, r.efficiency)
-    memory = m * layers * elementwise_bytes / r.hbm_bw  # memory-bound kernels, not overlapped
-    memory_fwd = m * layers * elementwise_fwd_bytes / r.hbm_bw
-    fwd_mb = (compute_time_s(fwd_flops, r.peak_flops_per_s, r.efficiency) + memory_fwd) / m
+    micro-batch (`elementwise_layer_bytes`, `elementwise_step_bytes`); `tp_allreduces` per layer
+    (`tp_allreduces_per_layer`)."""
+
+    layers: object
+    stage_params: object
+    shard_params: object
+    act_bytes: object
+    tp_allreduces: object
+    elementwise_bytes: object
+    elementwise_fwd_bytes: object
+    fwd_flops: object
+    bwd_flops: object
+    recompute_flops: object
+
+
+@dataclass(frozen=True)
+class ByteSizes:
+    """Bytes per parameter of the recipe and the engines' bucket sizes (the same for every row)."""
+
+    grad_bytes: int
+    param_bytes: int
+    optimizer_bytes: float
+    """K: fp32 master + grad copy + optimizer states per parameter (recipes)."""
+    buffers: EngineBuffers
+    """The layout's bucket sizes (`Layout.buffers`; the sweep's `Constraints.buffers`)."""
+
+
+def compute_terms(r: Rates, cols: LayoutColumns, work: StageWork) -> dict:
+    """Matmuls, recompute, memory-bound kernels, TP and PP communication and the bubble of each
+    row, and the forward / backward time of one micro-batch (`fwd_mb_s`, `bwd_mb_s`, the
+    windows that hide data-parallel and offload traffic). Reads tp, pp, virtual_stages,
+    sequence_parallel and grad_accum (and, through `work`, recompute and micro_batch)."""
+    m, layers = cols["grad_accum"], work.layers
+    compute = compute_time_s(work.fwd_flops + work.bwd_flops, r.peak_flops_per_s, r.efficiency)
+    recompute = compute_time_s(work.recompute_flops, r.peak_flops_per_s, r.efficiency)
+    memory = m * layers * work.elementwise_bytes / r.hbm_bw  # memory-bound kernels, not overlapped
+    memory_fwd = m * layers * work.elementwise_fwd_bytes / r.hbm_bw
+    fwd_mb = (compute_time_s(work.fwd_flops, r.peak_flops_per_s, r.efficiency) + memory_fwd) / m
     bwd_mb = (compute + recompute + memory) / m - fwd_mb
-    tp_comm, pp_comm = model_parallel_comm_s(r, tp, pp, vs, m, layers, act_bytes, sp,
-                                             tp_allreduces)
-    bubble = bubble_time_s(pp, m, vs, compute + recompute + memory + tp_comm)
+    tp_comm, pp_comm = model_parallel_comm_s(r, cols["tp"], cols["pp"], cols["virtual_stages"], m,
+                                             layers, work.act_bytes, cols["sequence_parallel"],
+                                             work.tp_allreduces)
+    bubble = bubble_time_s(cols["pp"], m, cols["virtual_stages"], compute + recompute + memory + tp_comm)
+    return dict(compute_s=compute, recompute_s=recompute, memory_bound_s=memory,
+                tp_comm_s=tp_comm, pp_comm_s=pp_comm, bubble_s=bubble,
+                fwd_mb_s=fwd_mb, bwd_mb_s=bwd_mb)
+
+
+def state_terms(r: Rates, cols: LayoutColumns, stage_params, shard_params, sizes: ByteSizes,
+                fwd_mb_s, bwd_mb_s) -> dict:
+    """Data-parallel / ZeRO collectives, offload traffic and the optimizer step of each row,
+    hidden behind the micro-batch windows of `compute_terms`; `stage_params`, `shard_params` as
+    in `StageWork`."""
+    node, m = r.gpus_per_node, cols["grad_accum"]
+    tp, dp, zero = cols["tp"], cols["dp"], cols["zero_stage"]
+    opt_target, param_target = cols["offload_optimizer"], cols["offload_params"]
+    grad_b, param_b = sizes.grad_bytes, sizes.param_bytes
     dp_local = np.minimum(np.maximum(node // tp, 1), dp)  # dp ranks sharing a node
 
     def half(size_bytes):  # one reduce-scatter or all-gather over the dp group
         return hierarchical_collective_s(size_bytes, dp_local, dp / dp_local, r.intra_bw,
                                          r.intra_lat, r.inter_bw_per_gpu, r.inter_lat, 1)
 
+    bucket = last_bucket_bytes(zero, grad_b, sizes.buffers.reduce_bucket_elements,
+                               sizes.buffers.ddp_bucket_bytes)
     dp_total, dp_exposed = dp_comm_times_s(
-        zero, m, half(stage_params * grad_bytes), half(stage_params * param_bytes),
-        half(np.minimum(last_bucket_bytes(zero, grad_bytes, reduce_bucket_elements, ddp_bucket_bytes),
-                        stage_params * grad_bytes)),
-        fwd_mb, bwd_mb)
-    offloaded = opt_target > 0
-    offload = (optimizer_offload_s(offloaded, shard_params, grad_bytes, param_bytes,
-                                   param_target == 0, r.pcie_bw, bwd_mb)
-               + nvme_optimizer_s(opt_target == 2, shard_params, optimizer_bytes, node,
+        zero, m, half(stage_params * grad_b), half(stage_params * param_b),
+        half(np.minimum(bucket, stage_params * grad_b)), fwd_mb_s, bwd_mb_s)
+    offloaded, shard = opt_target > 0, shard_params
+    offload = (optimizer_offload_s(offloaded, shard, grad_b, param_b, param_target == 0,
+                                   r.pcie_bw, bwd_mb_s)
+               + nvme_optimizer_s(opt_target == 2, shard, sizes.optimizer_bytes, node,
                                   r.nvme_read_bw, r.nvme_write_bw)
-               + param_offload_s(param_target, m, shard_params, param_bytes, node, r.pcie_bw,
-                                 r.nvme_read_bw, fwd_mb, bwd_mb))
-    cpu = cpu_adam_s(offloaded, shard_params, node, r.cpu_adam_params_per_s)
-    gpu_opt = gpu_optimizer_s(offloaded, shard_params, optimizer_bytes, grad_bytes, param_bytes,
-                              r.hbm_bw)
-    step = (compute + recompute + memory + tp_comm + pp_comm + bubble + dp_exposed + offload
-            + cpu + gpu_opt)
-    return dict(compute_s=compute, recompute_s=recompute, memory_bound_s=memory,
-                tp_comm_s=tp_comm, pp_comm_s=pp_comm,
-                bubble_s=bubble, dp_comm_s=dp_total, dp_comm_exposed_s=dp_exposed,
-                offload_s=offload, cpu_optimizer_s=cpu, gpu_optimizer_s=gpu_opt, step_s=step)
+               + param_offload_s(param_target, m, shard, param_b, node, r.pcie_bw,
+                                 r.nvme_read_bw, fwd_mb_s, bwd_mb_s))
+    cpu = cpu_adam_s(offloaded, shard, node, r.cpu_adam_params_per_s)
+    gpu_opt = gpu_optimizer_s(offloaded, shard, sizes.optimizer_bytes, grad_b, param_b, r.hbm_bw)
+    return dict(dp_comm_s=dp_total, dp_comm_exposed_s=dp_exposed, offload_s=offload,
+                cpu_optimizer_s=cpu, gpu_optimizer_s=gpu_opt)
+
+
+EXPOSED = ("compute_s", "recompute_s", "memory_bound_s", "tp_comm_s", "pp_comm_s", "bubble_s",
+           "dp_comm_exposed_s", "offload_s", "cpu_optimizer_s", "gpu_optimizer_s")
+"""The terms whose sum is the step time (`StepEstimate.step_s`)."""
+
+
+def step_terms(r: Rates, cols: LayoutColumns, work: StageWork, sizes: ByteSizes) -> dict:
+    """Every time term of one step, for each row of the layout columns: `compute_terms`, then
+    `state_terms` in their windows, and `step_s` the sum of the exposed ones."""
+    terms = compute_terms(r, cols, work)
+    return _with_step(terms | state_terms(r, cols, work.stage_params, work.shard_params, sizes,
+                                          terms["fwd_mb_s"], terms["bwd_mb_s"]))
+
+
+def _with_step(terms: dict) -> dict:
+    step = terms[EXPOSED[0]]
+    for name in EXPOSED[1:]:
+        step = step + terms[name]
+    return {k: v for k, v in terms.items() if k not in ("fwd_mb_s", "bwd_mb_s")} | {"step_s": step}
 
 
 def rate_terms(r: Rates, step_s, tokens_per_step, model_flops, hardware_flops, train_tokens):
@@ -407,40 +463,69 @@ def zero_shard_params(stage_params, dp, zero):
     return np.where(zero > 0, stage_params / dp, stage_params)
 
 
+def step_columns(model: ModelSpec, cluster: Cluster, setup: TrainSetup, cols: LayoutColumns,
+                 layers, stage_params, *, flash_attention: bool = False,
+                 buffers: EngineBuffers = DEFAULT_BUFFERS,
+                 efficiency: float | None = None) -> dict[str, np.ndarray]:
+    """Every step term and rate of each layout row, float64 columns: `estimate_step` is its
+    length-1 evaluation, the sweep evaluates all candidates. `layers`, `stage_params`: the
+    largest stage's layers and per-GPU parameters of each row (`stage_layers_and_params`).
+    FLOPs come from planner.core.flops once per recompute mode present."""
+    r = cluster_rates(cluster, setup, efficiency)
+    rec = cols["recompute"]
+    codes = np.flatnonzero(np.bincount(rec, minlength=len(RECOMPUTE_MODES)))
+    table = {int(k): flops_mod.step_flops(model, setup, Layout(
+        recompute=RECOMPUTE_MODES[int(k)], flash_attention=flash_attention)) for k in codes}
+
+    def per_mode(name: str) -> np.ndarray:
+        lookup = np.zeros(len(RECOMPUTE_MODES))
+        for k, f in table.items():
+            lookup[k] = getattr(f, name)
+        return lookup[rec]
+
+    allreduces = np.array([tp_allreduces_per_layer(mode) for mode in RECOMPUTE_MODES])
+    elementwise_code = np.array([RECOMPUTE_CODE[mode] for mode in RECOMPUTE_MODES])[rec]
+    per_gpu = layers * cols["pp"] / model.num_layers / r.num_gpus  # slowest stage's share
+    prec, b = setup.precision, cols["micro_batch"]
+    token_b, score_b = elementwise_layer_bytes(model, setup.seq_len, b, cols["tp"],
+                                               cols["sequence_parallel"], flash_attention,
+                                               prec.activation_bytes)
+    work = StageWork(
+        layers=layers, stage_params=stage_params,
+        shard_params=zero_shard_params(stage_params, cols["dp"], cols["zero_stage"]),
+        act_bytes=b * float(setup.seq_len * model.hidden_size * prec.activation_bytes),
+        tp_allreduces=allreduces[rec],
+        elementwise_bytes=elementwise_step_bytes(token_b, score_b, elementwise_code),
+        elementwise_fwd_bytes=token_b + score_b,
+        fwd_flops=per_mode("forward_flops") * per_gpu, bwd_flops=per_mode("backward_flops") * per_gpu,
+        recompute_flops=per_mode("recompute_flops") * per_gpu)
+    sizes = ByteSizes(grad_bytes=prec.grad_bytes, param_bytes=prec.param_bytes,
+                      optimizer_bytes=optimizer_bytes_per_param(prec, setup.optimizer),
+                      buffers=buffers)
+    terms = step_terms(r, cols, work, sizes)
+    rates = rate_terms(r, terms["step_s"], setup.global_batch * setup.seq_len,
+                       per_mode("model_flops"), per_mode("hardware_flops"), setup.train_tokens)
+    out = {**terms, **rates, "efficiency": r.efficiency}
+    return {k: _float_column(v, rec.shape) for k, v in out.items()}
+
+
+def _float_column(value, shape: tuple[int, ...]) -> np.ndarray:
+    """A float64 column of `shape`: the array itself when it already is one (no copy)."""
+    value = np.asarray(value, dtype=np.float64)
+    return value if value.shape == shape else np.broadcast_to(value, shape).copy()
+
+
 def estimate_step(model: ModelSpec, cluster: Cluster, layout: Layout, setup: TrainSetup,
                   efficiency: float | None = None) -> StepEstimate:
-    """Step time of one layout: the scalar reference the sweep is tested against."""
-    r = cluster_rates(cluster, setup, efficiency)
+    """Step time of one layout: `step_columns` of its length-1 columns."""
+    cluster_rates(cluster, setup, efficiency)  # input errors first
     if layout.num_gpus != cluster.num_gpus:
         raise PlanInputError("layout", f"tp*pp*dp = {layout.num_gpus} must equal the cluster's "
                                        f"GPUs {cluster.num_gpus}")
-    flops = flops_mod.step_flops(model, setup, layout)
     layers, stage_params = stage_layers_and_params(model, layout.tp, layout.pp)
-    balance = layers * layout.pp / model.num_layers  # slowest stage / average stage
-    per_gpu = balance / r.num_gpus
-    prec = setup.precision
-    token_b, score_b = elementwise_layer_bytes(
-        model, setup.seq_len, layout.micro_batch, layout.tp, layout.sequence_parallel,
-        layout.flash_attention, prec.activation_bytes)
-    terms = step_terms(
-        r, tp=layout.tp, pp=layout.pp, dp=layout.dp, vs=layout.virtual_stages,
-        zero=layout.zero_stage, opt_target=TARGET_CODE[layout.offload_optimizer],
-        param_target=TARGET_CODE[layout.offload_params], m=layout.grad_accum, layers=layers,
-        act_bytes=layout.micro_batch * setup.seq_len * model.hidden_size * prec.activation_bytes,
-        sp=layout.sequence_parallel, tp_allreduces=tp_allreduces_per_layer(layout.recompute),
-        elementwise_bytes=elementwise_step_bytes(token_b, score_b,
-                                                 RECOMPUTE_CODE[layout.recompute]),
-        elementwise_fwd_bytes=token_b + score_b,
-        shard_params=zero_shard_params(stage_params, layout.dp, layout.zero_stage),
-        stage_params=stage_params, grad_bytes=prec.grad_bytes, param_bytes=prec.param_bytes,
-        optimizer_bytes=optimizer_bytes_per_param(prec, setup.optimizer),
-        fwd_flops=flops.forward_flops * per_gpu, bwd_flops=flops.backward_flops * per_gpu,
-        recompute_flops=flops.recompute_flops * per_gpu,
-        reduce_bucket_elements=layout.buffers.reduce_bucket_elements,
-        ddp_bucket_bytes=layout.buffers.ddp_bucket_bytes,
-    )
-    tokens = setup.global_batch * setup.seq_len
-    rates = rate_terms(r, terms["step_s"], tokens, flops.model_flops, flops.hardware_flops,
-                       setup.train_tokens)
-    values = {k: float(v) for k, v in {**terms, **rates}.items()}
-    return StepEstimate(**values, compute_efficiency=r.efficiency)
+    cols = step_columns(model, cluster, setup, LayoutColumns.from_layout(layout),
+                        np.array([layers]), np.array([stage_params]),
+                        flash_attention=layout.flash_attention, buffers=layout.buffers,
+                        efficiency=efficiency)
+    values = {k: float(v[0]) for k, v in cols.items() if k in StepEstimate.model_fields}
+    return StepEstimate(**values, compute_efficiency=float(cols["efficiency"][0]))

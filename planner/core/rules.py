@@ -1,0 +1,249 @@
+"""The layout rules, written once: a mask over candidate columns and the one-line error.
+
+A layout is a row of `LayoutColumns` (planner.core.columns): numpy arrays named like `Layout`'s
+fields, one element per candidate; one typed `Layout` is a length-1 instance. Each `Rule`
+names the fields it reads, says which rows are allowed (`ok`, a boolean array) and, for one
+row that is not, the error line naming every factor (`message`). So
+
+- `zplan fit` / `check` / `export` call `check_layout` (length 1): the first broken rule raises
+  `PlanInputError(rule.field, rule.message(...))`, exit 2;
+- `zplan sweep` calls `mask` on its candidate columns: the rows every rule allows, and per rule
+  the rows it removed, with the rule's reason.
+
+Sources of the rules: Megatron-LM `megatron/training/arguments.py` (validate_args: world size
+= tp·pp·dp, interleaved schedule needs num_layers divisible by pp·v and the number of
+micro-batches divisible by pp; `megatron/core/utils.py` divide for the heads / widths split by
+tp), DeepSpeed `deepspeed/runtime/zero/config.py` and `offload_config.py` (offload_param needs
+stage 3; NVMe optimizer swapping exists only in stage3.py), Korthikanti et al. 2022 §4.2.2
+(sequence parallel splits the sequence over tp).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from planner.core.columns import OFFLOAD_TARGETS, RECOMPUTE_MODES, LayoutColumns
+from planner.core.errors import PlanInputError
+from planner.core.spec import Cluster, ModelSpec, TrainSetup, ceil_div
+
+NVME = OFFLOAD_TARGETS.index("nvme")
+EVERY_K = RECOMPUTE_MODES.index("every_k")
+
+
+@dataclass(frozen=True)
+class Context:
+    """What the rules read besides the layout columns. A caller that checks only some rules
+    may leave out what they do not read (e.g. `activations.check_tp`: the model and seq_len)."""
+
+    model: ModelSpec
+    cluster: Cluster | None = None
+    setup: TrainSetup | None = None
+    seq_len_tokens: int | None = None
+    """seq_len when there is no setup."""
+
+    @property
+    def seq_len(self) -> int:
+        return self.seq_len_tokens if self.seq_len_tokens is not None else self.setup.seq_len
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One layout rule: the fields it reads, the allowed rows, the error for one row."""
+
+    name: str
+    """Short reason shown by the sweep, e.g. `interleaved schedule needs m divisible by pp`."""
+    field: str
+    """The `PlanInputError` field of the one-line error."""
+    reads: tuple[str, ...]
+    """Layout columns the rule reads (a rule is applied only when all are present)."""
+    ok: Callable[[Context, LayoutColumns], np.ndarray]
+    message: Callable[[Context, dict[str, int]], str]
+    """The error for one row (its values as plain Python ints), every factor printed."""
+
+
+def _tp_widths(model: ModelSpec) -> list[tuple[str, int]]:
+    """Widths tp must divide (megatron/core/utils.py divide): heads, kv heads, the MLP width
+    (the expert width for MoE models, whose blocks are all MoE: planner.core.params.check_tp)."""
+    mlp = ("expert_ffn_hidden_size", model.expert_ffn_size) if model.is_moe else \
+        ("ffn_hidden_size", model.ffn_hidden_size)
+    return [("num_heads", model.num_heads), ("num_kv_heads", model.kv_heads), mlp]
+
+
+def _tp_divides(ctx: Context, c: LayoutColumns) -> np.ndarray:
+    ok = np.ones(len(c), dtype=bool)
+    for _, width in _tp_widths(ctx.model):
+        ok &= width % c["tp"] == 0
+    return ok
+
+
+def _tp_message(ctx: Context, r: dict[str, int]) -> str:
+    field, width = next((f, w) for f, w in _tp_widths(ctx.model) if w % r["tp"])
+    return f"tp={r['tp']} must divide {field}={width} of model {ctx.model.name}"
+
+
+def _most_layers(ctx: Context, pp):
+    """Layers of the largest pipeline stage: ceil(num_layers / pp) (params.layers_per_stage)."""
+    return -(-ctx.model.num_layers // pp)
+
+
+def nvme_ready(ctx: Context) -> bool:
+    """The node has NVMe capacity AND read and write bandwidth figures. Without the bandwidth
+    the offload time cannot be computed (a zero bandwidth would be infinite speed), so NVMe
+    offload is refused rather than timed at 0 s."""
+    node = ctx.cluster.node
+    return node.nvme_bytes > 0 and node.nvme_read_gb_per_s > 0 and node.nvme_write_gb_per_s > 0
+
+
+def _nvme_message(ctx: Context, r: dict[str, int]) -> str:
+    node = ctx.cluster.node
+    missing = " bandwidth" if node.nvme_bytes > 0 else ""
+    return (f"NVMe offload asked but node {node.name} has no NVMe{missing}: nvme_capacity_tb="
+            f"{node.nvme_capacity_tb:g}, nvme_read_gb_per_s={node.nvme_read_gb_per_s:g}, "
+            f"nvme_write_gb_per_s={node.nvme_write_gb_per_s:g}; NVMe offload needs all three > 0")
+
+
+def _uses_nvme(c: LayoutColumns) -> np.ndarray:
+    return (c["offload_optimizer"] == NVME) | (c["offload_params"] == NVME)
+
+
+LAYOUT_RULES: tuple[Rule, ...] = (
+    Rule("offload_params needs ZeRO-3", "offload_params", ("offload_params", "zero_stage"),
+         lambda x, c: (c["offload_params"] == 0) | (c["zero_stage"] == 3),
+         lambda x, r: (f"offload_params={OFFLOAD_TARGETS[r['offload_params']]} needs zero_stage=3 "
+                       f"(got {r['zero_stage']})")),
+    Rule("offload_optimizer needs ZeRO >= 1", "offload_optimizer",
+         ("offload_optimizer", "zero_stage"),
+         lambda x, c: (c["offload_optimizer"] == 0) | (c["zero_stage"] >= 1),
+         lambda x, r: (f"offload_optimizer={OFFLOAD_TARGETS[r['offload_optimizer']]} needs "
+                       f"zero_stage >= 1 (got 0)")),
+    Rule("sequence parallel needs tp > 1", "sequence_parallel", ("tp", "sequence_parallel"),
+         lambda x, c: ~c["sequence_parallel"].astype(bool) | (c["tp"] > 1),
+         lambda x, r: "sequence_parallel needs tp > 1 (got tp=1)"),
+    Rule("virtual stages need pp > 1", "virtual_stages", ("pp", "virtual_stages"),
+         lambda x, c: (c["virtual_stages"] == 1) | (c["pp"] > 1),
+         lambda x, r: f"virtual_stages={r['virtual_stages']} needs pp > 1 (got pp=1)"),
+)
+"""Rules on one Layout alone (no model, cluster or setup): `Layout`'s own validator raises
+them as ValueError when the layout is built; the sweep masks its candidates with them."""
+
+RULES: tuple[Rule, ...] = LAYOUT_RULES + (
+    Rule("tp*pp*dp must equal the GPUs", "layout", ("tp", "pp", "dp"),
+         lambda x, c: c["tp"] * c["pp"] * c["dp"] == x.cluster.num_gpus,
+         lambda x, r: (f"tp*pp*dp = {r['tp']}*{r['pp']}*{r['dp']} = {r['tp'] * r['pp'] * r['dp']} "
+                       f"must equal the cluster's GPUs {x.cluster.num_gpus} ({x.cluster.num_nodes} "
+                       f"nodes x {x.cluster.node.gpus_per_node})")),
+    Rule("tp must divide heads, kv heads and the MLP width", "tp", ("tp",),
+         _tp_divides, _tp_message),
+    Rule("pp*virtual_stages must not exceed the layers", "pp", ("pp", "virtual_stages"),
+         lambda x, c: c["pp"] * c["virtual_stages"] <= x.model.num_layers,
+         lambda x, r: (f"pp*virtual_stages = {r['pp']}*{r['virtual_stages']} must not exceed "
+                       f"num_layers={x.model.num_layers}")),
+    Rule("interleaving needs layers divisible by pp*virtual_stages", "virtual_stages",
+         ("pp", "virtual_stages"),
+         lambda x, c: (c["virtual_stages"] == 1)
+         | (x.model.num_layers % (c["pp"] * c["virtual_stages"]) == 0),
+         lambda x, r: (f"num_layers={x.model.num_layers} must be divisible by pp*virtual_stages = "
+                       f"{r['pp']}*{r['virtual_stages']} for the interleaved schedule")),
+    Rule("micro_batch*grad_accum*dp must equal the global batch", "global_batch",
+         ("micro_batch", "grad_accum", "dp"),
+         lambda x, c: c["micro_batch"] * c["grad_accum"] * c["dp"] == x.setup.global_batch,
+         lambda x, r: (f"micro_batch*grad_accum*dp = {r['micro_batch']}*{r['grad_accum']}*{r['dp']}"
+                       f" = {r['micro_batch'] * r['grad_accum'] * r['dp']} must equal "
+                       f"global_batch={x.setup.global_batch}")),
+    Rule("interleaving needs grad_accum divisible by pp", "grad_accum",
+         ("pp", "virtual_stages", "grad_accum"),
+         lambda x, c: (c["virtual_stages"] == 1) | (c["grad_accum"] % c["pp"] == 0),
+         lambda x, r: (f"the interleaved schedule (virtual_stages={r['virtual_stages']}) needs "
+                       f"grad_accum={r['grad_accum']} (micro-batches per step) divisible by "
+                       f"pp={r['pp']} (Megatron-LM arguments.py)")),
+    Rule("recompute_every_k must not exceed the layers per stage", "recompute_every_k",
+         ("pp", "recompute", "recompute_every_k"),
+         lambda x, c: (c["recompute"] != EVERY_K) | (c["recompute_every_k"] <= _most_layers(x, c["pp"])),
+         lambda x, r: (f"recompute_every_k={r['recompute_every_k']} exceeds the layers per stage "
+                       f"{ceil_div(x.model.num_layers, r['pp'])} (num_layers={x.model.num_layers}, "
+                       f"pp={r['pp']})")),
+    Rule("sequence parallel needs tp to divide seq_len", "seq_len", ("tp", "sequence_parallel"),
+         lambda x, c: ~c["sequence_parallel"].astype(bool) | (x.seq_len % c["tp"] == 0),
+         lambda x, r: f"sequence_parallel needs tp={r['tp']} to divide seq_len ({x.seq_len})"),
+    Rule("offload_optimizer=nvme needs ZeRO-3", "offload_optimizer",
+         ("offload_optimizer", "zero_stage"),
+         lambda x, c: (c["offload_optimizer"] != NVME) | (c["zero_stage"] == 3),
+         lambda x, r: (f"nvme needs zero_stage=3 (got {r['zero_stage']}); DeepSpeed offloads "
+                       "optimizer states to NVMe only under ZeRO-3 (ZeRO-Infinity); use cpu for "
+                       "ZeRO-1/2")),
+    Rule("NVMe offload needs a node with NVMe capacity and bandwidth", "offload",
+         ("offload_optimizer", "offload_params"),
+         lambda x, c: ~_uses_nvme(c) | nvme_ready(x), _nvme_message),
+)
+"""Every layout rule, in the order `check_layout` reports them. The setup-only rule
+(seq_len <= max_seq_len) is `check_setup`."""
+
+
+def check_setup(model: ModelSpec, setup: TrainSetup) -> None:
+    """seq_len <= the model's max_seq_len (no layout involved)."""
+    if setup.seq_len > model.max_seq_len:
+        raise PlanInputError(
+            "seq_len", f"seq_len={setup.seq_len} exceeds the model's max_seq_len={model.max_seq_len}"
+        )
+
+
+def applicable(cols: LayoutColumns, rules: tuple[Rule, ...] = RULES) -> list[Rule]:
+    """The rules whose fields are all columns of `cols`."""
+    return [rule for rule in rules if all(name in cols for name in rule.reads)]
+
+
+def mask(ctx: Context, cols: LayoutColumns,
+         rules: tuple[Rule, ...] = RULES) -> tuple[np.ndarray, dict[str, int]]:
+    """Rows every applicable rule allows, and {rule name: rows it rejected} (a row broken by
+    several rules is counted under the first)."""
+    ok = np.ones(len(cols), dtype=bool)
+    rejected: dict[str, int] = {}
+    for rule in applicable(cols, rules):
+        allowed = np.broadcast_to(np.asarray(rule.ok(ctx, cols), dtype=bool), ok.shape)
+        newly = int((ok & ~allowed).sum())
+        if newly:
+            rejected[rule.name] = newly
+        ok &= allowed
+    return ok, rejected
+
+
+def check_layout(ctx: Context, cols: LayoutColumns, row: int = 0) -> None:
+    """Raise the first broken rule of one row as a one-line PlanInputError."""
+    check_setup(ctx.model, ctx.setup)
+    check_rules(ctx, cols, RULES, row)
+
+
+def named(*names: str) -> tuple[Rule, ...]:
+    """The rules of RULES with these names (for a caller that checks only a few)."""
+    rules = tuple(rule for rule in RULES if rule.name in names)
+    if len(rules) != len(names):
+        raise KeyError(f"unknown rule among {names}")
+    return rules
+
+
+def check_rules(ctx: Context, cols: LayoutColumns, rules: tuple[Rule, ...], row: int = 0) -> None:
+    """Raise the first of `rules` that row `row` breaks, as a one-line PlanInputError."""
+    one = cols if len(cols) == 1 else cols.take([row])
+    for rule in applicable(one, rules):
+        if not bool(np.asarray(rule.ok(ctx, one), dtype=bool).reshape(-1)[0]):
+            raise PlanInputError(rule.field, rule.message(ctx, one.row(0)))
+
+
+def layout_error(layout_fields: dict[str, int]) -> str | None:
+    """The first broken `LAYOUT_RULES` rule of one layout's coded fields, or None
+    (`Layout`'s validator; no model, cluster or setup needed)."""
+    return _layout_error(tuple(sorted(layout_fields.items())))
+
+
+@functools.lru_cache(maxsize=4096)
+def _layout_error(items: tuple[tuple[str, int], ...]) -> str | None:
+    layout_fields = dict(items)
+    cols = LayoutColumns({k: np.array([v]) for k, v in layout_fields.items()})
+    for rule in applicable(cols, LAYOUT_RULES):
+        if not bool(np.asarray(rule.ok(None, cols), dtype=bool).reshape(-1)[0]):  # type: ignore[arg-type]
+            return rule.message(None, layout_fields)  # type: ignore[arg-type]
+    return None

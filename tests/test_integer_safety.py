@@ -1,0 +1,52 @@
+"""Memory figures never wrap: a 10T-parameter model at seq 32768 with a huge global batch.
+
+The sweep's memory columns are float64 (exact below 2^53 bytes = 8 PiB, far above any GPU;
+above it the magnitude is kept, never a wrapped negative); fit's length-1 evaluation is exact
+Python ints. Before, the int64 peak of this case wrapped (2.74e19 bytes read as 8.97e18).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from planner.core.spec import ModelSpec
+from planner.io import loading
+from planner.io.jobfile import make_setup
+from planner.memory.plan import plan_memory
+from planner.search import sweep
+
+# 12·L·h² = 12 · 400 · 46080² = 1.02e13 parameters in the blocks (≈ 10T)
+DENSE_10T = ModelSpec(name="dense-10t", num_layers=400, hidden_size=46080, num_heads=360,
+                      ffn_hidden_size=4 * 46080, vocab_size=51200, max_seq_len=32768)
+
+
+def test_ten_trillion_parameters_at_seq_32768_do_not_wrap():
+    cluster = loading.cluster_for_gpus("a100-80gb", 256)
+    setup = make_setup(32768, 2**23, 1e12)
+    c = sweep.Constraints(tp=(8,), pp=(8, 16, 32), virtual_stages=(1,))
+    cands = sweep.enumerate_candidates(DENSE_10T, cluster, setup, c)
+    cols = sweep.evaluate(DENSE_10T, cluster, setup, cands, c)
+    assert np.all(cols["gpu_peak_bytes"] > 0) and not np.any(cols["headroom_bytes"] >= 0)
+    for i in (int(np.argmax(cands["micro_batch"])), int(np.argmin(cands["micro_batch"]))):
+        layout = sweep.layout_at(cands, i, c)
+        exact = max(s.total_bytes for s in plan_memory(DENSE_10T, cluster, layout, setup).stages)
+        assert exact > 0
+        assert float(cols["gpu_peak_bytes"][i]) == pytest.approx(exact, rel=1e-15)
+    # micro-batch 2^22 means dp = 2^23 / 2^22 = 2, pp = 256 / (8·2) = 16, 400 / 16 = 25 layers on
+    # stage 1; the attention scores of one block and one micro-batch alone are
+    # 5·a·s²·b/t = 5·360·32768²·2^22/8 bytes (fp16 softmax 2 + mask 1 + dropout 2, Korthikanti
+    # §4.1), so the stage keeps more than 25 times that: past 2^63
+    big = int(np.argmax(cands["micro_batch"]))
+    assert (int(cands["micro_batch"][big]), int(cands["pp"][big])) == (2**22, 16)
+    scores = 5 * 360 * 32768**2 * 2**22 // 8
+    assert float(cols["gpu_peak_bytes"][big]) > 25 * scores > 2**63
+
+
+def test_result_rows_carry_exact_python_ints():
+    cluster = loading.cluster_for_gpus("a100-80gb", 256)
+    setup = make_setup(32768, 2**23, 1e12)
+    result = sweep.sweep(DENSE_10T, cluster, setup, sweep.Constraints(tp=(8,), pp=(16,)),
+                         top=1, rejected=3)
+    assert result.fitting == 0 and result.rejected
+    assert all(row.gpu_peak_bytes > 0 and row.headroom_bytes < 0 for row in result.rejected)

@@ -1,0 +1,220 @@
+"""Properties of the one memory / step model over random valid layouts (hypothesis).
+
+Layouts are drawn field by field and kept only when the rule table (planner.core.rules) accepts
+them, so every example is a layout `zplan fit` accepts. Several models: dense GELU with learned
+positions (GPT-3 125M, BERT-large), dense SwiGLU with GQA (Llama-3 8B), MoE (Mixtral 8x7B).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
+from planner.core import rules
+from planner.core.errors import PlanInputError
+from planner.core.spec import Layout
+from planner.io import loading
+from planner.io.jobfile import make_setup
+from planner.memory import model_states
+from planner.memory.plan import plan_memory
+from planner.search import sweep
+
+MODELS = ("gpt3-125m", "bert-large", "llama3-8b", "mixtral-8x7b")
+SETTINGS = settings(max_examples=40, deadline=None,
+                    suppress_health_check=[HealthCheck.filter_too_much, HealthCheck.too_slow])
+
+
+@st.composite
+def jobs(draw, zero=None, offload=True):
+    """(model, cluster, layout, setup) that the rule table accepts."""
+    model = loading.load_model(draw(st.sampled_from(MODELS)))
+    tp, pp, dp = (draw(st.sampled_from(v)) for v in ((1, 2, 4, 8), (1, 2, 4), (1, 2, 4, 8)))
+    stage = draw(st.sampled_from((0, 1, 2, 3))) if zero is None else zero
+    targets = ("none", "cpu") if offload and stage >= 1 else ("none",)
+    fields = dict(
+        tp=tp, pp=pp, dp=dp, zero_stage=stage,
+        virtual_stages=draw(st.sampled_from((1, 2))) if pp > 1 else 1,
+        offload_optimizer=draw(st.sampled_from(targets)),
+        offload_params=draw(st.sampled_from(targets)) if stage == 3 else "none",
+        recompute=draw(st.sampled_from(("none", "selective", "full", "every_k"))),
+        recompute_every_k=draw(st.sampled_from((1, 2, 3))),
+        sequence_parallel=draw(st.booleans()) if tp > 1 else False,
+        flash_attention=draw(st.booleans()),
+        micro_batch=draw(st.sampled_from((1, 2, 4, 8))),
+        grad_accum=draw(st.sampled_from((1, 2, 4, 8))),
+    )
+    layout = Layout(**fields)
+    seq = draw(st.sampled_from((128, 512)))
+    setup = make_setup(seq, layout.micro_batch * layout.grad_accum * dp, 1e12)
+    cluster = loading.cluster_for_gpus("a100-80gb", tp * pp * dp)
+    try:
+        plan_memory(model, cluster, layout, setup)
+    except PlanInputError:
+        assume(False)
+    return model, cluster, layout, setup
+
+
+def _totals(model, cluster, layout, setup) -> list[int]:
+    return [s.total_bytes for s in plan_memory(model, cluster, layout, setup).stages]
+
+
+@SETTINGS
+@given(jobs())
+def test_smaller_micro_batch_never_raises_gpu_memory(job):
+    """Halving b and doubling m (same global batch): no stage needs more GPU memory. Stage i
+    keeps min(p - i + 1, m)·b micro-batch activations under 1F1B, and min(p, 2m)·b/2 <=
+    min(p, m)·b; buffers do not depend on b; the recompute segment halves."""
+    model, cluster, layout, setup = job
+    assume(layout.micro_batch > 1)
+    half = layout.model_copy(update={"micro_batch": layout.micro_batch // 2,
+                                     "grad_accum": layout.grad_accum * 2})
+    before, after = _totals(model, cluster, layout, setup), _totals(model, cluster, half, setup)
+    assert all(a <= b for a, b in zip(after, before, strict=True)), (layout, before, after)
+
+
+@SETTINGS
+@given(jobs(zero=0, offload=False), st.integers(0, 2))
+def test_next_zero_stage_never_needs_more_model_state_memory(job, stage):
+    """ZeRO s+1 partitions one more part of the states over dp (seed 001 §2): params + grads +
+    optimizer bytes on the GPU never grow from s to s+1 (no offload, same stage parameters)."""
+    model, cluster, layout, setup = job
+    lo, hi = (layout.model_copy(update={"zero_stage": s}) for s in (stage, stage + 1))
+    for sp in plan_memory(model, cluster, layout, setup).stages:
+        a, b = (model_states.model_state_bytes(sp.num_params, setup.precision, setup.optimizer, x)
+                for x in (lo, hi))
+        assert b.gpu_total_bytes <= a.gpu_total_bytes
+
+
+@SETTINGS
+@given(jobs(zero=3))
+def test_more_data_parallelism_never_raises_zero3_state(job):
+    """ZeRO-3 holds ceil(P / dp) of every part (4 + K)·P/dp (seed 001 §2): doubling dp (same
+    micro-batch, same m, so a doubled global batch) never raises any GPU-resident state."""
+    model, cluster, layout, setup = job
+    wide = layout.model_copy(update={"dp": layout.dp * 2})
+    wide_setup = setup.model_copy(update={"global_batch": setup.global_batch * 2})
+    wide_cluster = loading.cluster_for_gpus("a100-80gb", wide.num_gpus)
+    narrow = plan_memory(model, cluster, layout, setup).stages
+    wider = plan_memory(model, wide_cluster, wide, wide_setup).stages
+    for a, b in zip(narrow, wider, strict=True):
+        assert b.params_bytes + b.grads_bytes + b.optimizer_bytes <= \
+            a.params_bytes + a.grads_bytes + a.optimizer_bytes
+
+
+@SETTINGS
+@given(jobs())
+def test_every_memory_figure_is_a_non_negative_int(job):
+    plan = plan_memory(*job)
+    for s in plan.stages:
+        for value in (s.params_bytes, s.grads_bytes, s.optimizer_bytes, s.activations_bytes,
+                      s.total_bytes, *s.buffers.values(), *s.working.values()):
+            assert isinstance(value, int) and value >= 0
+    assert plan.node.cpu_bytes >= 0 and plan.node.nvme_bytes >= 0
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_sweep_columns_are_never_negative(name):
+    model = loading.load_model(name)
+    cluster = loading.cluster_for_gpus("a100-80gb", 64)
+    setup = make_setup(2048, 256, 1e12)
+    c = sweep.Constraints()
+    cands = sweep.enumerate_candidates(model, cluster, setup, c)
+    cols = sweep.evaluate(model, cluster, setup, cands, c)
+    assert len(cands) > 100
+    for key in ("gpu_peak_bytes", "node_cpu_bytes", "node_nvme_bytes"):
+        assert np.all(cols[key] >= 0), key
+    for key in cands:
+        assert np.all(cands[key] >= 0), key
+    ok, _ = rules.mask(rules.Context(model, cluster, setup), cands)
+    assert ok.all()  # every enumerated layout passes the rule table
+
+
+# --------------------------------------------------------------------------- round trip
+
+ROUND_TRIP = [("llama2-7b", "a100-80gb", 16, 4096, 64), ("gpt3-13b", "a100-80gb", 32, 2048, 128)]
+
+
+def _check(zplan, *args: str) -> tuple[int, dict]:
+    result = zplan("check", *args, "--json")
+    assert result.returncode in (0, 1), result.stderr
+    return result.returncode, json.loads(result.stdout)
+
+
+@pytest.mark.parametrize(("name", "gpu", "gpus", "seq", "batch"), ROUND_TRIP)
+def test_best_layout_round_trips_through_fit_check_and_deepspeed(zplan, tmp_path: Path, name, gpu,
+                                                                 gpus, seq, batch):
+    """The sweep's best layout, given back to fit as flags, to check as a job file, and through
+    `export --format deepspeed` then `check --deepspeed`, gives the same memory and verdict.
+    The search is pinned to tp = pp = 1, the layouts a DeepSpeed config can express alone."""
+    model = loading.load_model(name)
+    cluster = loading.cluster_for_gpus(gpu, gpus)
+    setup = make_setup(seq, batch, 1e12, "bf16-mixed", "adamw")
+    best = sweep.sweep(model, cluster, setup, sweep.Constraints(tp=(1,), pp=(1,)), top=1).top[0]
+    lay = best.layout
+    common = ["--model", name, "--gpu", gpu, "--gpus", str(gpus), "--seq-len", str(seq),
+              "--tokens", "1e12", "--precision", "bf16-mixed", "--optimizer", "adamw"]
+    flags = ["--tp", str(lay.tp), "--pp", str(lay.pp), "--dp", str(lay.dp), "--zero",
+             str(lay.zero_stage), "--offload-optimizer", lay.offload_optimizer, "--offload-params",
+             lay.offload_params, "--recompute", lay.recompute, "--micro-batch", str(lay.micro_batch),
+             "--global-batch", str(batch)]
+    fit = zplan("fit", *common, *flags, "--json")
+    assert fit.returncode == 0, fit.stderr
+    fit_doc = json.loads(fit.stdout)
+    peak = max(s["total_bytes"] for s in fit_doc["memory"]["stages"])
+    assert peak == best.gpu_peak_bytes
+
+    layout_yaml = {k: v for k, v in lay.model_dump(mode="json").items() if k != "buffers"}
+    job = tmp_path / "job.yaml"
+    job.write_text(yaml.safe_dump({
+        "model": name, "cluster": {"gpu": gpu, "gpus": gpus}, "layout": layout_yaml,
+        "setup": {"seq_len": seq, "global_batch": batch, "train_tokens": 1e12,
+                  "precision": "bf16-mixed", "optimizer": "adamw"}}))
+    code_job, direct = _check(zplan, str(job))
+    assert code_job == 0
+    assert max(s["total_bytes"] for s in direct["stages"]) == best.gpu_peak_bytes
+
+    ds = tmp_path / "ds.json"
+    exported = zplan("export", "--format", "deepspeed", "--job", str(job), "-o", str(ds))
+    assert exported.returncode == 0, exported.stderr
+    code_ds, via = _check(zplan, "--deepspeed", str(ds), "--model", name, "--gpu", gpu,
+                          "--gpus", str(gpus), "--seq-len", str(seq), "--tokens", "1e12",
+                          "--optimizer", "adamw")
+    assert code_ds == code_job
+    assert via["stages"] == direct["stages"] and via["node"] == direct["node"]
+
+
+
+@pytest.mark.parametrize("zero", [None, (1,)], ids=["free", "zero1"])
+def test_unconstrained_best_layout_round_trips_through_fit_and_check(zplan, tmp_path: Path, zero):
+    """The best layout of the whole space (tp, pp, interleaving, sequence parallel allowed;
+    or pinned to ZeRO-1, Megatron's setting): fit with its flags and check with it as a job
+    file give the sweep's peak bytes and fit."""
+    name, gpu, gpus, seq, batch = "gpt3-175b", "a100-80gb", 1024, 2048, 1536
+    model, cluster = loading.load_model(name), loading.cluster_for_gpus(gpu, gpus)
+    setup = make_setup(seq, batch, 1e12)
+    best = sweep.sweep(model, cluster, setup, sweep.Constraints(zero_stage=zero), top=1).top[0]
+    assert best.layout.tp > 1  # a model-parallel layout, not the trivial one
+    lay = best.layout
+    flags = ["--tp", str(lay.tp), "--pp", str(lay.pp), "--dp", str(lay.dp), "--virtual-stages",
+             str(lay.virtual_stages), "--zero", str(lay.zero_stage), "--offload-optimizer",
+             lay.offload_optimizer, "--offload-params", lay.offload_params, "--recompute",
+             lay.recompute, "--micro-batch", str(lay.micro_batch), "--global-batch", str(batch),
+             "--sequence-parallel" if lay.sequence_parallel else "--no-sequence-parallel"]
+    fit = zplan("fit", "--model", name, "--gpu", gpu, "--gpus", str(gpus), "--seq-len", str(seq),
+                "--tokens", "1e12", *flags, "--json")
+    assert fit.returncode == 0, fit.stderr
+    assert max(s["total_bytes"] for s in json.loads(fit.stdout)["memory"]["stages"]) == \
+        best.gpu_peak_bytes
+    job = tmp_path / "job.yaml"
+    job.write_text(yaml.safe_dump({
+        "model": name, "cluster": {"gpu": gpu, "gpus": gpus},
+        "layout": {k: v for k, v in lay.model_dump(mode="json").items() if k != "buffers"},
+        "setup": {"seq_len": seq, "global_batch": batch, "train_tokens": 1e12}}))
+    code, doc = _check(zplan, str(job))
+    assert code == 0 and max(s["total_bytes"] for s in doc["stages"]) == best.gpu_peak_bytes
