@@ -64,8 +64,8 @@ COMMANDS: dict[str, Command] = {
                       "flags, or is the best one the search finds. The verdict line goes to stderr; "
                       "exit 0 fits, 1 does not, 2 bad input."),
     "infer": Command("planner.cli.commands.infer_cmd",
-                     "Inference memory per GPU (weights, KV cache, workspace, overhead), the largest "
-                     "batch and context that fit, the smallest tp, and roofline bounds on "
+                     "Inference memory per GPU (weights, KV cache, activation peak, runtime reserve), "
+                     "the largest batch and context that fit, the smallest tp, and roofline bounds on "
                      "time-to-first-token and tokens/s."),
     "budget": Command("planner.cli.commands.infer_cmd", "Compute budget and Chinchilla scaling law."),
 }

@@ -82,7 +82,8 @@ CalibrationOpt = Annotated[Optional[Path], typer.Option(
 # --------------------------------------------------------------------------- setup
 
 SeqLenOpt = Annotated[Optional[int], typer.Option(
-    "--seq-len", min=1, callback=int64, help="Sequence length in tokens (default: min(2048, the model's max)).",
+    "--seq-len", min=1, callback=int64, help="Sequence length in tokens (default: min(2048, the model's max)). `budget` counts "
+    "the attention FLOPs 2k·L·d_attn·T per token only when it is given (with --model).",
     rich_help_panel=SETUP)]
 GlobalBatchOpt = Annotated[Optional[int], typer.Option(
     "--global-batch", min=1, callback=int64, help=f"Sequences per optimizer step (default: {GLOBAL_BATCH_RULE}).",

@@ -120,7 +120,7 @@ def budget(
     calibration: opt.CalibrationOpt = None,
     dtype: Annotated[str, typer.Option("--dtype", help="Dtype whose dense peak counts (bf16, fp16, fp8, ...).")] = "bf16",
     recompute: opt.RecomputeOpt = None,
-    seq_len: Annotated[Optional[int], typer.Option("--seq-len", min=1, callback=opt.int64, help="Training sequence length: adds the attention FLOPs 2k·L·d_attn·T per token (needs --model; default: none, 6PD only).")] = None,
+    seq_len: opt.SeqLenOpt = None,
     law: Annotated[Optional[str], typer.Option("--law", help="Scaling law name in planner/data/scaling_laws.yaml, or a YAML file (default: chinchilla-approach3).")] = None,
     profiles: opt.ProfilesOpt = None,
     json_out: opt.JsonOpt = False,
