@@ -104,7 +104,12 @@ def _fits_many(model: ModelSpec, cluster: Cluster, base: Layout, setup: TrainSet
         return np.array([_fits(model, cluster, base.model_copy(update={"dp": int(d)}), setup)
                          for d in dps], dtype=bool)
     cpu, nvme = host[0]
-    return fits & (per_node * cpu <= node.cpu_memory_bytes) & (per_node * nvme <= node.nvme_bytes)
+    # A job on part of a node gets that part's share of its RAM and NVMe (memory.host.partial_node,
+    # as cluster_with_gpus builds it for plan_memory).
+    shares = {int(c): partial_node(node, int(c)) for c in np.unique(per_node)}
+    cpu_cap = np.array([shares[int(c)].cpu_memory_bytes for c in per_node], dtype=np.int64)
+    nvme_cap = np.array([shares[int(c)].nvme_bytes for c in per_node], dtype=np.int64)
+    return fits & (per_node * cpu <= cpu_cap) & (per_node * nvme <= nvme_cap)
 
 
 def _min_dp(model: ModelSpec, cluster: Cluster, base: Layout, setup: TrainSetup) -> int | None:
