@@ -238,9 +238,10 @@ def cached_positions(model: ModelSpec, context: int) -> int:
 def kv_cache_elements_per_token_per_rank(model: ModelSpec, tp: int) -> int:
     """Cached elements per token in one block on one tp rank. Standard attention: K and V of
     the rank's kv heads, kv / tp, or 1 replicated head when tp is wider (vLLM
-    QKVParallelLinear). MLA: the whole latent c_KV + shared rope key on every rank (vLLM builds
-    MLA's cache with one kv head of width kv_lora_rank + qk_rope_head_dim whatever tp is:
-    vllm/model_executor/models/deepseek_v2.py, vllm/v1/kv_cache_interface.py MLAAttentionSpec)."""
+    QKVParallelLinear). MLA: the whole latent c_KV + shared rope key on every rank (vLLM
+    vllm/v1/kv_cache_interface.py MLAAttentionSpec: one kv head of width kv_lora_rank +
+    qk_rope_head_dim, no separate V, "MLA: cache is always replicated" over tp). vLLM's
+    `fp8_ds_mla` layout (656 bytes per token with its scales) is not this fp8 count."""
     if model.is_mla:
         return kv_elements_per_token(model)
     return 2 * max(1, model.kv_heads // tp) * model.head_size
