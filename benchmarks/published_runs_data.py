@@ -41,6 +41,8 @@ class PublicRun(Frozen):
 
     name: str
     split: Literal["in_sample", "out_of_sample"]
+    category: Literal["dense", "moe"] = "dense"
+    """`moe`: a mixture-of-experts run (an evaluator without expert parallelism skips it)."""
     paper: str
     gpu: str
     num_gpus: int
@@ -50,6 +52,8 @@ class PublicRun(Frozen):
     cp: int = 1
     pp: int
     dp: int
+    ep: int = 1
+    """Expert-parallel degree; the experts are split over `ep` ranks inside the `dp` ranks."""
     global_batch: int | None
     micro_batch: int | None
     recompute: Literal["none", "selective", "full", "unknown"]

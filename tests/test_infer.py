@@ -263,9 +263,13 @@ def test_bad_inputs(cfg, field):
     assert err.value.field == field
 
 
-def test_tp_must_divide_kv_heads_too():
-    with pytest.raises(PlanInputError, match="num_kv_heads"):
-        check_config(LLAMA2_70B, InferConfig(batch=1, context=128, tp=16))  # 16 | 64, not | 8
+def test_tp_must_divide_or_be_a_multiple_of_the_kv_heads():
+    # issue 13: tp=16 over 8 kv heads is no longer refused; each kv head is replicated on 2
+    # ranks (vLLM QKVParallelLinear num_kv_head_replicas = 16 / 8), see test_infer_modern.py
+    check_config(LLAMA2_70B, InferConfig(batch=1, context=128, tp=16))
+    six_kv = LLAMA2_70B.model_copy(update={"num_heads": 48, "num_kv_heads": 6})
+    with pytest.raises(PlanInputError, match="num_kv_heads"):  # 4 | 48, but 4 ∤ 6 and 6 ∤ 4
+        check_config(six_kv, InferConfig(batch=1, context=128, tp=4))
 
 
 def test_long_context_allowed_with_override():

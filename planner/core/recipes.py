@@ -11,6 +11,10 @@ from __future__ import annotations
 from planner.core.errors import PlanInputError
 from planner.core.spec import Optimizer, PrecisionRecipe
 
+MXFP8_BLOCK = 32
+"""Elements sharing one E8M0 scale in MXFP8 (OCP Microscaling spec v1.0 §5; Transformer Engine
+transformer_engine/pytorch/constants.py MXFP8_BLOCK_SCALING_SIZE = 32)."""
+
 PRECISIONS: dict[str, PrecisionRecipe] = {
     recipe.name: recipe
     for recipe in (
@@ -39,6 +43,31 @@ PRECISIONS: dict[str, PrecisionRecipe] = {
             name="zero-infinity-fp16", compute_dtype="fp16", param_bytes=2, grad_bytes=2,
             master_param_bytes=4, optimizer_grad_copy_bytes=4, activation_bytes=2,
             source="ZeRO-Infinity (seed 000 §3 eq.2): the 16 bytes + an fp32 gradient copy 4 = 20",
+        ),
+        PrecisionRecipe(
+            name="te-fp8", compute_dtype="fp8", param_bytes=2, grad_bytes=4,
+            master_param_bytes=4, activation_bytes=2, fp8_weight_cache_bytes=2,
+            source="Megatron-LM --fp8-format hybrid with Transformer Engine (per-tensor scaling, "
+                   "Hopper): bf16 param 2 + fp8 weight copy 1 + its transpose 1 (TE "
+                   "module/linear.py quantize_weight, rowwise and columnwise usage while grad is "
+                   "enabled; NVIDIA/TransformerEngine@d0067d0d) + fp32 main_grad 4 + fp32 param, "
+                   "m, v 12 = 20 (docs/fp8.md)",
+        ),
+        PrecisionRecipe(
+            name="te-fp8-params", compute_dtype="fp8", param_bytes=1, grad_bytes=4,
+            master_param_bytes=4, activation_bytes=2, fp8_weight_cache_bytes=1,
+            source="Megatron-LM --fp8-param-gather (TE quantized_model_init: the parameter IS the "
+                   "fp8 tensor): fp8 param 1 + its transpose 1 + fp32 main_grad 4 + fp32 master, "
+                   "m, v 12 = 18 (docs/fp8.md)",
+        ),
+        PrecisionRecipe(
+            name="te-mxfp8", compute_dtype="fp8", param_bytes=2, grad_bytes=4,
+            master_param_bytes=4, activation_bytes=2,
+            fp8_weight_cache_bytes=2 + 2 / MXFP8_BLOCK,
+            source="Transformer Engine MXFP8BlockScaling (Blackwell): bf16 param 2 + fp8 rowwise "
+                   "and columnwise copies 1 + 1, each with one E8M0 byte per 32 elements "
+                   "(constants.py MXFP8_BLOCK_SCALING_SIZE = 32; scale padding to 128 x 4 not "
+                   "counted) + fp32 main_grad 4 + 12 = 20.0625 (docs/fp8.md)",
         ),
         PrecisionRecipe(
             name="fp32", compute_dtype="fp32", param_bytes=4, grad_bytes=4,
@@ -94,3 +123,11 @@ def optimizer_bytes_per_param(precision: PrecisionRecipe, optimizer: Optimizer) 
         + optimizer.num_states * optimizer.state_bytes
         + optimizer.state_overhead_bytes
     )
+
+
+def model_state_bytes_per_param(precision: PrecisionRecipe, optimizer: Optimizer) -> float:
+    """Bytes per parameter of every model state with nothing sharded: working param + grad +
+    the fp8 weight copies (FP8 recipes) + K. zero-fp16 with Adam: 2 + 2 + 0 + 12 = 16;
+    te-fp8 with Adam: 2 + 4 + 2 + 12 = 20."""
+    return (precision.param_bytes + precision.grad_bytes + precision.fp8_weight_cache_bytes
+            + optimizer_bytes_per_param(precision, optimizer))

@@ -632,7 +632,13 @@ class PrecisionRecipe(Frozen):
     optimizer_grad_copy_bytes: int = Field(default=0, ge=0)
     """An fp32 gradient copy held with the optimizer states (ZeRO-Infinity's extra 4)."""
     activation_bytes: int = Field(gt=0)
-    """Bytes of one saved activation element (2 for fp16/bf16, 4 for fp32)."""
+    """Bytes of one saved activation element (2 for fp16/bf16, 4 for fp32). FP8 recipes: the
+    elements that stay in bf16 (norms, softmax, residuals); linear inputs are saved in fp8
+    (planner.memory.fp8)."""
+    fp8_weight_cache_bytes: float = Field(default=0, ge=0)
+    """FP8 training (Transformer Engine): the fp8 copy of each weight and its transpose kept
+    for the step beside the working copy, bytes per parameter (2 with bf16 params on Hopper,
+    1 with fp8 params; docs/fp8.md). 0 for every non-fp8 recipe."""
     source: str
     """Where the convention comes from."""
 

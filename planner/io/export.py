@@ -18,7 +18,17 @@ FORMATS: tuple[str, ...] = get_args(Format)
 
 def export_text(fmt: Format, model: ModelSpec, cluster: Cluster, layout: Layout, setup: TrainSetup,
                 nvme_path: str = "/local_nvme", script: str | None = None) -> str:
-    """The file's text: DeepSpeed JSON, a Megatron-LM launch line, accelerate YAML, or torchrun."""
+    """The file's text: DeepSpeed JSON, a Megatron-LM launch line, accelerate YAML, or torchrun.
+    After the format's own checks, a layout the target engine cannot run is refused
+    (planner.io.engines)."""
+    text = _format_text(fmt, model, cluster, layout, setup, nvme_path, script)
+    check_export_engine(fmt, model, layout, setup)
+    return text
+
+
+def _format_text(fmt: Format, model: ModelSpec, cluster: Cluster, layout: Layout, setup: TrainSetup,
+                 nvme_path: str, script: str | None) -> str:
+    """The text of one format; each writer raises for what its format cannot express."""
     if fmt == "deepspeed":
         from planner.io.deepspeed import deepspeed_config
 
@@ -49,3 +59,20 @@ def search_constraints(fmt: Format) -> Constraints:
         return Constraints(tp=(1,), pp=(1,), zero_stage=(2, 3), recompute=("none", "full"),
                            offload_optimizer=("none",), offload_params=("none",))
     return Constraints()
+
+
+def check_export_engine(fmt: str, model: ModelSpec, layout: Layout, setup: TrainSetup) -> None:
+    """One-line refusal (exit 2) when the engine `fmt` runs cannot run the layout."""
+    from planner.io.engines import EXPORT_ENGINE, check_engine
+
+    engine = EXPORT_ENGINE.get(fmt)
+    if engine is not None:
+        check_engine(engine, model, layout, setup.precision)
+
+
+def engine_runs(fmt: str, model: ModelSpec, layout: Layout, setup: TrainSetup) -> bool:
+    """True when the engine `fmt` runs can run the layout (the search keeps only those)."""
+    from planner.io.engines import EXPORT_ENGINE, refusals
+
+    engine = EXPORT_ENGINE.get(fmt)
+    return engine is None or not refusals(engine, model, layout, setup.precision)

@@ -23,6 +23,7 @@ from typing import Literal
 from pydantic import Field
 
 from planner.core.errors import PlanInputError
+from planner.core.kvcache import cached_tokens, kv_elements_per_token
 from planner.core.params import count_params
 from planner.core.spec import Dtype, Frozen, GpuSpec, ModelSpec, ceil_div
 from planner.memory.reserve import nccl_buffer_bytes, runtime_reserve_bytes
@@ -177,16 +178,44 @@ def check_config(model: ModelSpec, cfg: InferConfig) -> None:
 
 
 def check_tp(model: ModelSpec, tp: int) -> None:
-    """tp must divide the query heads and the kv heads (Megatron splits attention by heads)."""
-    if tp < 1 or model.num_heads % tp or model.kv_heads % tp:
-        raise PlanInputError(
-            "tp", f"must divide num_heads ({model.num_heads}) and num_kv_heads ({model.kv_heads}), "
-            f"got {tp}; allowed: {', '.join(map(str, tp_candidates(model)))}")
+    """tp must divide the query heads; the kv heads are split when tp divides them and
+    replicated when tp is a multiple of them (vLLM QKVParallelLinear: `num_kv_heads = 1`,
+    `num_kv_head_replicas = divide(tp_size, total_num_kv_heads)`, vllm/model_executor/layers/
+    linear.py; Megatron transformer_config.py the same). MLA has no kv heads to split: the
+    latent is cached whole on every rank (kv_cache_elements_per_token_per_rank)."""
+    if tp in tp_candidates(model):
+        return
+    kv_rule = "" if model.is_mla else (f", and divide or be a multiple of num_kv_heads "
+                                       f"({model.kv_heads})")
+    raise PlanInputError(
+        "tp", f"must divide num_heads ({model.num_heads}){kv_rule}, got {tp}; allowed: "
+        f"{', '.join(map(str, tp_candidates(model)))}")
 
 
 def tp_candidates(model: ModelSpec) -> list[int]:
-    """Every tp that divides both head counts (kv heads divide the query heads)."""
-    return [t for t in range(1, model.kv_heads + 1) if model.kv_heads % t == 0]
+    """Every tp that divides the query heads and divides or is a multiple of the kv heads."""
+    kv = model.kv_heads
+    return [t for t in range(1, model.num_heads + 1) if model.num_heads % t == 0
+            and (model.is_mla or kv % t == 0 or t % kv == 0)]
+
+
+def replicated_weight_params(model: ModelSpec, tp: int) -> int:
+    """Parameters a tp group holds beyond one copy of the model, because tp ranks replicate them:
+    with tp wider than the kv heads, each of the tp - kv extra copies of a kv head's K and V
+    projections (vLLM QKVParallelLinear loads the kv head of rank r // replicas); for MLA the
+    down-projections and latent norms, whole on every rank (vLLM deepseek_v2.py and Megatron
+    MLASelfAttention keep q_a_proj / kv_a_proj_with_mqa replicated): tp - 1 extra copies. Other
+    replicated tensors (norms, MoE router) are split like the rest (an approximation, < 0.2 %)."""
+    h, layers = model.hidden_size, model.num_layers
+    if model.is_mla:
+        r_q, r_kv, rope = model.q_lora_rank or 0, model.kv_lora_rank or 0, model.qk_rope_head_dim
+        bias = model.linear_bias
+        per_layer = h * (r_kv + rope) + r_kv + (r_kv + rope if bias else 0)
+        per_layer += (h * r_q + r_q + (r_q if bias else 0)) if r_q else 0
+        return (tp - 1) * layers * per_layer
+    extra_heads = max(0, tp - model.kv_heads)  # kv heads beyond one copy of each
+    bias = model.linear_bias or model.qkv_bias
+    return extra_heads * layers * 2 * (h * model.head_size + (model.head_size if bias else 0))
 
 
 def weights_bytes(num_params: int, weights: str, tp: int = 1) -> int:
@@ -199,27 +228,35 @@ def weights_bytes(num_params: int, weights: str, tp: int = 1) -> int:
 
 
 def cached_positions(model: ModelSpec, context: int) -> int:
-    """Positions a sequence keeps in its KV cache: the context, capped by a sliding window.
+    """Most positions any block keeps in its KV cache (the key length of the score matrix):
+    the context on a global block, capped by a sliding window when every block slides
+    (Mistral's rolling buffer, Jiang et al. 2023, §2), or by the local window when all
+    blocks are local."""
+    return max(cached_tokens(model, i, context) for i in range(model.num_layers))
 
-    Mistral's rolling buffer cache keeps only the last W positions (Jiang et al. 2023, §2).
-    """
-    return min(context, model.sliding_window) if model.sliding_window else context
+
+def kv_cache_elements_per_token_per_rank(model: ModelSpec, tp: int) -> int:
+    """Cached elements per token in one block on one tp rank. Standard attention: K and V of
+    the rank's kv heads, kv / tp, or 1 replicated head when tp is wider (vLLM
+    QKVParallelLinear). MLA: the whole latent c_KV + shared rope key on every rank (vLLM
+    vllm/v1/kv_cache_interface.py MLAAttentionSpec: one kv head of width kv_lora_rank +
+    qk_rope_head_dim, no separate V, "MLA: cache is always replicated" over tp). vLLM's
+    `fp8_ds_mla` layout (656 bytes per token with its scales) is not this fp8 count."""
+    if model.is_mla:
+        return kv_elements_per_token(model)
+    return 2 * max(1, model.kv_heads // tp) * model.head_size
 
 
 def kv_cache_bytes(model: ModelSpec, batch: int, context: int, kv_bytes: int, tp: int = 1) -> int:
-    """KV cache on one tp rank: 2 · L · kv_heads · head_dim · bytes · b · s ÷ tp.
+    """KV cache on one tp rank: Σ over blocks of per-rank elements x cached tokens x b x bytes.
 
-    Seed 004 §2.3.2 gives `2·b·s·L·h_kv·2` for fp16; here h_kv = kv_heads · head_dim (GQA-aware)
-    and each tp rank holds kv_heads / tp heads.
+    Seed 004 §2.3.2 gives `2·b·s·L·h_kv·2` for fp16; here per block (planner.core.kvcache):
+    GQA-aware, the MLA latent, and local blocks (sliding or chunked) keeping at most
+    `local_window` tokens.
     """
-    per_token_bytes = (
-        2  # one K and one V vector
-        * model.num_layers
-        * (model.kv_heads // tp)  # this rank's kv heads
-        * model.head_size
-        * kv_bytes
-    )
-    return per_token_bytes * batch * cached_positions(model, context)
+    per_token = kv_cache_elements_per_token_per_rank(model, tp)
+    tokens = sum(cached_tokens(model, i, context) for i in range(model.num_layers))
+    return per_token * tokens * batch * kv_bytes
 
 
 def mlp_width(model: ModelSpec) -> int:
@@ -238,7 +275,7 @@ def token_row_elements(model: ModelSpec, kv_positions: int, tp: int = 1,
     else the attention output a·head_dim/tp) and the MLP stage (GELU: linear output and GELU
     output, 2·f/tp; SwiGLU: gate, up and their product, 3·f/tp). An estimate, not an allocator
     trace."""
-    heads, kv_heads, d = model.num_heads // tp, model.kv_heads // tp, model.head_size
+    heads, kv_heads, d = model.num_heads // tp, max(1, model.kv_heads // tp), model.head_size
     residual = 2 * model.hidden_size  # layer input x and its normalised copy
     qkv = (heads + 2 * kv_heads) * d  # Q, K, V projections
     if flash_attention:
@@ -298,7 +335,7 @@ def seed_memory(model: ModelSpec, num_params: int, cfg: InferConfig,
                 capacity_bytes: int) -> InferMemory:
     """Seed 004 §2.3.2: weights + KV cache + forward workspace + 20 % of the weights, against the
     nominal HBM."""
-    weights = weights_bytes(num_params, cfg.weights, cfg.tp)
+    weights = weights_bytes(num_params + replicated_weight_params(model, cfg.tp), cfg.weights, cfg.tp)
     kv = kv_cache_bytes(model, cfg.batch, cfg.context, KV_BYTES[cfg.kv_dtype], cfg.tp)
     chunk = min(cfg.context, cfg.prefill_chunk or cfg.context)  # new tokens per forward pass
     work = workspace_bytes(model, cfg.batch, chunk, cached_positions(model, cfg.context),
@@ -319,7 +356,7 @@ def serving_memory(model: ModelSpec, num_params: int, cfg: InferConfig, capacity
     """A serving engine's account (vLLM `determine_available_memory`): weights + activation peak
     of the largest batched step + the in-budget reserve + KV cache within floor(utilisation x
     capacity); the CUDA context and NCCL buffers within the rest of the capacity."""
-    weights = weights_bytes(num_params, cfg.weights, cfg.tp)
+    weights = weights_bytes(num_params + replicated_weight_params(model, cfg.tp), cfg.weights, cfg.tp)
     kv = kv_cache_bytes(model, cfg.batch, cfg.context, KV_BYTES[cfg.kv_dtype], cfg.tp)
     tokens = batched_step_tokens(cfg)
     peak = step_activation_bytes(model, tokens, min(cfg.batch, tokens),
@@ -419,10 +456,29 @@ def attention_flops(model: ModelSpec, batch: int, new_tokens: int, past_tokens: 
     """Forward FLOPs of QK^T and (softmax)·V for `new_tokens` queries after `past_tokens` cached.
 
     Seed 004 §1.2.1: 2·s·s·h for QK^T and the same for ·V per layer, i.e. 4·h per (query, key)
-    pair, with h = a·head_dim; causal, so query i sees keys 1..i (capped by a sliding window).
+    pair, with h = a·head_dim; causal, so query i sees keys 1..i, per block capped by its
+    window (sliding) or its chunk (chunked local attention). MLA counts 2·a·(nope + rope) for
+    the scores and 2·a·v_head_dim for the values (the unabsorbed form; a decode kernel that
+    absorbs the up-projections does more FLOPs per pair: an approximation, docs/infer.md).
     """
-    pairs = sum_visible_keys(past_tokens, past_tokens + new_tokens, model.sliding_window)
-    return 4 * model.num_heads * model.head_size * model.num_layers * batch * pairs
+    a = model.num_heads
+    if model.is_mla:
+        per_pair = 2 * a * (model.qk_nope_head_dim + model.qk_rope_head_dim) + 2 * a * model.v_head_dim
+    else:
+        per_pair = 4 * a * model.head_size
+    last = past_tokens + new_tokens
+    pairs = sum(layer_visible_pairs(model, i, past_tokens, last) for i in range(model.num_layers))
+    return per_pair * batch * pairs
+
+
+def layer_visible_pairs(model: ModelSpec, layer: int, first: int, last: int) -> int:
+    """(query, key) pairs of block `layer` for queries first+1..last (1-based positions)."""
+    if model.layer_is_local(layer):
+        window = model.local_window
+        if model.local_attention == "chunked":
+            return sum_visible_keys_chunked(first, last, window)
+        return sum_visible_keys(first, last, window)
+    return sum_visible_keys(first, last, model.sliding_window)
 
 
 def sum_visible_keys(first: int, last: int, window: int | None) -> int:
@@ -433,15 +489,26 @@ def sum_visible_keys(first: int, last: int, window: int | None) -> int:
     return prefix(last) - prefix(first)
 
 
+def sum_visible_keys_chunked(first: int, last: int, chunk: int) -> int:
+    """Σ_{i=first+1}^{last} ((i - 1) mod c + 1): chunked attention (Llama 4), where query i sees
+    the keys of its own chunk of c tokens up to itself; exact integer."""
+    def prefix(n: int) -> int:  # q whole chunks of c(c+1)/2 pairs, then r(r+1)/2
+        q, r = divmod(n, chunk)
+        return q * chunk * (chunk + 1) // 2 + r * (r + 1) // 2
+    return prefix(last) - prefix(first)
+
+
 def decode_weight_params(model: ModelSpec, total: int, layer_total: int, layer_active: int,
                          batch: int) -> int:
     """Parameters read per decode step: all of them for a dense model; for MoE, the experts the
-    batch's b·k routings can touch (at most min(E, b·k) per layer, an upper estimate)."""
+    batch's b·k routings can touch (at most min(E, b·k) per MoE block, an upper estimate);
+    dense blocks (first_dense_layers, moe_layer_step) are read whole. `layer_total` and
+    `layer_active` are one MoE block's."""
     if not model.is_moe or model.num_experts == model.experts_per_token:
         return total  # every expert is read
     per_expert = (layer_total - layer_active) // (model.num_experts - model.experts_per_token)
     unread = model.num_experts - min(model.num_experts, batch * model.experts_per_token)
-    return total - model.num_layers * unread * per_expert
+    return total - model.num_moe_layers * unread * per_expert
 
 
 def roofline(flops: float, n_bytes: int, compute_flops_per_s: float,
@@ -579,7 +646,19 @@ def _notes(model: ModelSpec, cfg: InferConfig) -> list[str]:
         notes.append(f"context {cfg.context} beyond max_seq_len {model.max_seq_len} "
                      "(--allow-long-context)" + ("; learned position embeddings have no rows "
                                                   "there" if model.position == "learned" else ""))
+    if model.local_window is not None and cfg.context > model.local_window:
+        notes.append(f"{model.local_attention} local attention: local blocks cache at most "
+                     f"{model.local_window} tokens, every {model.global_layer_step}th block the "
+                     "whole context")
+    if model.is_mla:
+        notes.append("MLA: the compressed latent + rope key is cached, whole on every tp rank")
+    elif cfg.tp > model.kv_heads:
+        notes.append(f"tp {cfg.tp} > {model.kv_heads} kv heads: each kv head (cache and K/V "
+                     f"weights) replicated on {cfg.tp // model.kv_heads} ranks, as vLLM does")
     if model.is_moe:
-        notes.append("MoE decode reads at most min(E, batch·top-k) experts per layer (upper estimate)")
+        notes.append("MoE decode reads at most min(E, batch·top-k) experts per MoE block (upper "
+                     "estimate); dense blocks whole")
+    if model.mtp_modules:
+        notes.append("multi-token-prediction modules not loaded (speculative decoding off)")
     notes.append("bounds ignore tensor-parallel communication and kernel launch latency")
     return notes

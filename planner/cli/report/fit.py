@@ -91,6 +91,8 @@ def print_fit(result: FitResult) -> None:
     )
     label = "best layout found" if result.searched else "layout"
     console.print(f"{label}: {_layout_line(result)}")
+    if result.layout is not None:
+        console.print(f"engines that can run it: {', '.join(engines(result)) or 'none'}")
     if result.memory is not None:
         console.print(memory_table(result.memory, wide=console.width >= WIDE_COLUMNS))
         node = result.memory.node
@@ -125,7 +127,17 @@ def strategy_table(result: FitResult) -> Table:
 
 def emit(result: FitResult) -> None:
     """`zplan fit --json`."""
-    emit_json("fit", {"verdict": verdict_line(result), **result.model_dump(mode="json")})
+    emit_json("fit", {"verdict": verdict_line(result), **result.model_dump(mode="json"),
+                      "engines": engines(result)})
+
+
+def engines(result: FitResult) -> list[str]:
+    """The engines that can run the layout shown (planner.io.engines); [] without a layout."""
+    from planner.io.engines import supported_engines
+
+    if result.layout is None:
+        return []
+    return supported_engines(result.model, result.layout, result.setup.precision)
 
 
 def print_presets(listing: dict[str, list[str]], json_out: bool) -> None:

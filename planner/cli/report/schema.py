@@ -41,6 +41,9 @@ class FitDocument(FitResult):
     kind: Literal["fit"]
     verdict: str
     """The one verdict line the table output ends with."""
+    engines: list[str]
+    """Engines that can run the layout shown (planner/io/engines.py; docs/engines.md); empty
+    when no layout is shown."""
 
 
 class ModelDocument(ModelSummary):

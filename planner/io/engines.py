@@ -1,0 +1,141 @@
+"""Which training engine can run a layout: the support matrix (issue 13).
+
+One rule table: each rule names an engine, a condition on (model, layout, precision) the engine
+cannot run, a one-line reason, and the engine code or documentation it comes from, at the
+version read. An engine runs a layout when none of its rules fires. The exporters
+(planner/io/megatron.py, deepspeed.py, fsdp.py) additionally check what their file format can
+express; this table is about the engines themselves.
+
+Versions read: Megatron-LM NVIDIA/Megatron-LM@d98e8a64 (megatron/training/arguments.py);
+DeepSpeed 0.19.8 (the installed package: deepspeed/runtime/pipe/engine.py, pipe/schedule.py) and
+its AutoTP training tutorial (deepspeed.ai/tutorials/autotp-training); torchtitan / FSDP2 (torch
+2.13 torch/distributed/fsdp/_fully_shard, CPUOffloadPolicy); accelerate 1.15.0
+(accelerate/parallelism_config.py, utils/dataclasses.py FullyShardedDataParallelPlugin).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Literal, get_args
+
+from planner.core.errors import PlanInputError
+from planner.core.spec import Layout, ModelSpec, PrecisionRecipe
+
+Engine = Literal["megatron-lm", "deepspeed", "fsdp2", "accelerate"]
+ENGINES: tuple[str, ...] = get_args(Engine)
+ENGINE_NAMES: dict[str, str] = {
+    "megatron-lm": "Megatron-LM", "deepspeed": "DeepSpeed (HF model, AutoTP)",
+    "fsdp2": "FSDP2 / torchtitan", "accelerate": "HF accelerate (FSDP2)",
+}
+EXPORT_ENGINE: dict[str, str | None] = {
+    "megatron": "megatron-lm", "deepspeed": "deepspeed", "accelerate-fsdp": "accelerate",
+    "torchrun": None,  # a launch line for any script: no engine to check
+}
+"""The engine each `zplan export --format` runs."""
+
+Condition = Callable[[ModelSpec, Layout, PrecisionRecipe], bool]
+
+
+@dataclass(frozen=True)
+class EngineRule:
+    """`engine` cannot run a layout for which `refuses` holds, because `why` (per `source`)."""
+
+    engine: Engine
+    refuses: Condition
+    why: str
+    source: str
+
+
+def _sharded_params(layout: Layout) -> bool:
+    return layout.zero_stage == 3
+
+
+_MEGATRON = "NVIDIA/Megatron-LM@d98e8a64 megatron/training/arguments.py"
+_DS = "DeepSpeed 0.19.8"
+_FSDP2 = "torch 2.13 torch/distributed/fsdp/_fully_shard/_fully_shard.py (fully_shard, CPUOffloadPolicy)"
+_ACCEL = "accelerate 1.15.0"
+
+RULES: tuple[EngineRule, ...] = (
+    # ---------------------------------------------------------------- Megatron-LM
+    EngineRule("megatron-lm", lambda m, l, p: l.offload_params != "none",
+               "keeps parameters on the GPU (it has --optimizer-cpu-offload, no parameter offload)",
+               f"{_MEGATRON}: --optimizer-cpu-offload is the only offload flag"),
+    EngineRule("megatron-lm", lambda m, l, p: l.offload_optimizer == "nvme",
+               "offloads optimizer states to CPU only, not to NVMe",
+               f"{_MEGATRON}: --optimizer-cpu-offload 'Offload optimizer state to CPU'"),
+    EngineRule("megatron-lm", lambda m, l, p: l.zero_stage >= 2 and l.pp > 1,
+               "shards gradients/parameters with --use-torch-fsdp2, which refuses pipeline parallelism",
+               f"{_MEGATRON} L1035: '--use-torch-fsdp2 is not supported with pipeline parallelism'"),
+    EngineRule("megatron-lm", lambda m, l, p: bool(l.tempo),
+               "has no Tempo (in-place GELU/LayerNorm) kernels", f"{_MEGATRON}: no such flag"),
+    # ---------------------------------------------------------------- DeepSpeed
+    EngineRule("deepspeed", lambda m, l, p: l.pp > 1 and l.zero_stage >= 2,
+               "pipeline parallelism runs with ZeRO-0/1 only",
+               f"{_DS} deepspeed/runtime/pipe/engine.py PipelineEngine.__init__: assert "
+               "'ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism'"),
+    EngineRule("deepspeed", lambda m, l, p: l.virtual_stages > 1,
+               "has no interleaved pipeline schedule",
+               f"{_DS} deepspeed/runtime/pipe/schedule.py: TrainSchedule is 1F1B, no virtual stages"),
+    EngineRule("deepspeed", lambda m, l, p: l.tp > 1 and _sharded_params(l),
+               "AutoTP tensor parallelism trains with ZeRO stage 0, 1 or 2, not ZeRO-3",
+               "deepspeed.ai/tutorials/autotp-training: 'ZeRO Optimization ... (Stage 0, 1, or 2)'; "
+               "see docs/engines.md for DeepSpeed 0.19.8"),
+    EngineRule("deepspeed", lambda m, l, p: l.sequence_parallel,
+               "AutoTP has no Megatron-style sequence parallelism of norms and dropout",
+               "deepspeed.ai/tutorials/autotp-training: TP over linear layers only"),
+    EngineRule("deepspeed", lambda m, l, p: l.recompute == "selective",
+               "checkpoints whole layers (HF gradient checkpointing / deepspeed.checkpointing), "
+               "not Megatron's selective attention recompute",
+               f"{_DS} deepspeed/runtime/activation_checkpointing/checkpointing.py"),
+    # ---------------------------------------------------------------- FSDP2 / torchtitan
+    EngineRule("fsdp2", lambda m, l, p: l.zero_stage == 1,
+               "shards parameters, gradients and optimizer states together; no optimizer-only ZeRO-1",
+               f"{_FSDP2}: reshard_after_forward True (ZeRO-3) or False (ZeRO-2); "
+               "DDP (replicate) is ZeRO-0"),
+    EngineRule("fsdp2", lambda m, l, p: "nvme" in (l.offload_params, l.offload_optimizer),
+               "offloads to CPU memory only", f"{_FSDP2}: CPUOffloadPolicy"),
+    EngineRule("fsdp2", lambda m, l, p: (l.offload_params == "cpu") != (l.offload_optimizer == "cpu"),
+               "offloads parameters, gradients and the optimizer step to the CPU together",
+               f"{_FSDP2}: CPUOffloadPolicy moves the sharded parameters; the optimizer steps on CPU"),
+    EngineRule("fsdp2", lambda m, l, p: bool(l.tempo),
+               "has no Tempo kernels", "torchtitan: no such option"),
+    # ---------------------------------------------------------------- HF accelerate (FSDP2)
+    EngineRule("accelerate", lambda m, l, p: l.pp > 1,
+               "has no pipeline parallelism with FSDP (ParallelismConfig: dp_replicate, dp_shard, "
+               "tp, cp only)",
+               f"{_ACCEL} accelerate/parallelism_config.py ParallelismConfig fields"),
+    EngineRule("accelerate", lambda m, l, p: l.zero_stage < 2,
+               "FSDP shards like ZeRO-2 or ZeRO-3 (use DDP or DeepSpeed for ZeRO-0/1)",
+               f"{_ACCEL} utils/dataclasses.py FullyShardedDataParallelPlugin reshard_after_forward"),
+    EngineRule("accelerate", lambda m, l, p: "nvme" in (l.offload_params, l.offload_optimizer)
+               or (l.offload_params == "cpu") != (l.offload_optimizer == "cpu"),
+               "FSDP offloads parameters and optimizer together, to CPU only",
+               f"{_ACCEL} FullyShardedDataParallelPlugin cpu_offload (FSDP2 CPUOffloadPolicy)"),
+    EngineRule("accelerate", lambda m, l, p: l.recompute not in ("none", "full") or bool(l.tempo)
+               or l.sequence_parallel,
+               "checkpoints whole layers (fsdp_activation_checkpointing); no selective recompute, "
+               "Tempo or Megatron sequence parallelism",
+               f"{_ACCEL} FullyShardedDataParallelPlugin activation_checkpointing"),
+)
+
+
+def refusals(engine: str, model: ModelSpec, layout: Layout, precision: PrecisionRecipe) -> list[EngineRule]:
+    """The rules of `engine` that the layout breaks (empty: the engine can run it)."""
+    if engine not in ENGINES:
+        raise PlanInputError("engine", f"unknown engine {engine!r}; allowed: {', '.join(ENGINES)}")
+    return [rule for rule in RULES if rule.engine == engine and rule.refuses(model, layout, precision)]
+
+
+def supported_engines(model: ModelSpec, layout: Layout, precision: PrecisionRecipe) -> list[str]:
+    """The engines that can run the layout, in ENGINES order."""
+    return [engine for engine in ENGINES if not refusals(engine, model, layout, precision)]
+
+
+def check_engine(engine: str, model: ModelSpec, layout: Layout, precision: PrecisionRecipe) -> None:
+    """Raise a one-line PlanInputError naming the engine and the first reason it cannot run the
+    layout (with its source)."""
+    broken = refusals(engine, model, layout, precision)
+    if broken:
+        rule = broken[0]
+        raise PlanInputError("--format", f"{ENGINE_NAMES[engine]} cannot run this layout: {rule.why} "
+                                         f"({rule.source})")
