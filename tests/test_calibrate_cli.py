@@ -151,3 +151,26 @@ def test_hardware_json_validates(capsys) -> None:
     assert AlphaBeta(latency_s=1e-6, bytes_per_s=1e9).seconds(1e9) == pytest.approx(1 + 1e-6)
     render_json(parts, ["gpus/x.yaml"], [])
     _validate("calibrate-hardware", json.loads(capsys.readouterr().out))
+
+
+# --------------------------------------------------------------------------- which SDPA kernel ran
+
+
+@pytest.mark.torch
+def test_sdpa_backend_is_read_from_the_graph() -> None:
+    """CPU SDPA without dropout runs its flash kernel (the inventory compared); with dropout in
+    training it falls back to math (torch 2.13 sdp_utils_cpp.cpp: the CPU flash kernel takes no
+    dropout), which the row flags as not modelled instead of comparing a wrong inventory."""
+    pytest.importorskip("transformers")
+    from planner.calibrate import hf_models
+    from planner.calibrate.hf_run import measure_row
+    from planner.calibrate.sdpa_backend import backend_name
+
+    row = measure_row(LLAMA, "sdpa", "fp32", 8, 2, 1, "cpu")
+    assert row.attention_backend == "flash" and row.mismatched_classes == ()
+    dropped = hf_models.build_model({**LLAMA, "attention_dropout": 0.5}, "sdpa", "fp32", num_layers=1)
+    got = hf_models.measure(dropped, 8, 2, "fp32", flops=False)
+    assert got.sdpa_kernels == {} and backend_name(got.sdpa_kernels, 1) == "math"
+    eager = measure_row(LLAMA, "eager", "fp32", 8, 2, 1, "cpu")
+    assert eager.attention_backend == ""
+    assert backend_name({"flash": 1}, 2) == "mixed (flash 1, math 1)"

@@ -213,6 +213,8 @@ class HFRowDocument(BaseModel):
     predicted_forward_flops: float
     measured_forward_flops: int
     mismatched_classes: list[str]
+    attention_backend: str
+    """The SDPA kernel that ran (flash, efficient, cudnn, math, mixed); empty for eager."""
     block_error_pct: float
 
 
