@@ -24,7 +24,7 @@ import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from planner.calibrate.sdpa_backend import fused_kernels
+from planner.calibrate.sdpa_backend import fused_kernels, graph_nodes
 from planner.core.errors import PlanInputError
 
 HF_INSTALL_HINT = "measuring a transformers model needs the hf extra: pip install 'zplan[hf]'"
@@ -161,12 +161,7 @@ def _module_stack(model: nn.Module) -> tuple[list[str], list]:
 def _saved_by(loss: torch.Tensor) -> dict[int, set[str]]:
     """{storage: {"NodeName.attribute", ...}} over the autograd graph of `loss`."""
     out: dict[int, set[str]] = {}
-    todo, seen = [loss.grad_fn], set()
-    while todo:
-        node = todo.pop()
-        if node is None or node in seen:
-            continue
-        seen.add(node)
+    for node in graph_nodes(loss):
         for attr in dir(node):
             if not attr.startswith("_saved_"):
                 continue
@@ -177,7 +172,6 @@ def _saved_by(loss: torch.Tensor) -> dict[int, set[str]]:
             for t in value if isinstance(value, (tuple, list)) else (value,):
                 if isinstance(t, torch.Tensor):
                     out.setdefault(_key(t), set()).add(f"{node.name()}.{attr[7:]}")
-        todo.extend(n for n, _ in node.next_functions)
     return out
 
 

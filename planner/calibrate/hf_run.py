@@ -8,43 +8,16 @@ depth on CPU and at full size on the meta device, and returns the rows; `render(
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
 from planner.calibrate import hf_models
+from planner.calibrate.results import HFRow
 from planner.calibrate.sdpa_backend import FUSED, backend_name
 from planner.core import flops as flops_mod
 from planner.core import params
 from planner.core.errors import PlanInputError
 from planner.io.hf_config import model_from_hf_dict, read_json
 from planner.memory import implementations as impls
-
-
-@dataclass(frozen=True)
-class HFRow:
-    """One measurement against its prediction (bytes of one block and of the extras outside)."""
-
-    where: str
-    """`cpu, 2 layers` or `meta, full size`."""
-    attention: str
-    precision: str
-    predicted_block_bytes: int
-    measured_block_bytes: int
-    predicted_outside_bytes: int
-    measured_outside_bytes: int
-    predicted_params: int
-    measured_params: int
-    predicted_forward_flops: float
-    measured_forward_flops: int
-    mismatched_classes: tuple[str, ...]
-    """Tensor classes whose bytes differ (empty when every class agrees to the byte)."""
-    attention_backend: str = ""
-    """The SDPA kernel that ran (planner.calibrate.sdpa_backend: flash, efficient, cudnn, math or
-    mixed), whose inventory the prediction uses; empty for eager attention."""
-
-    @property
-    def block_error(self) -> float:
-        return self.predicted_block_bytes / self.measured_block_bytes - 1
 
 
 def implementation_for(config: dict, attention: str, precision: str, device: str,

@@ -13,6 +13,7 @@ math. The inventory of that backend is then the one to compare with
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterator
 
 BACKWARD_NODES = {
     "ScaledDotProductFlashAttentionBackward0": "flash",
@@ -23,20 +24,22 @@ BACKWARD_NODES = {
 FUSED = ("flash", "efficient", "cudnn")
 
 
-def fused_kernels(loss) -> dict[str, int]:
-    """{kernel: calls} of the fused SDPA kernels in the autograd graph of `loss`."""
-    counts: Counter[str] = Counter()
+def graph_nodes(loss) -> Iterator:
+    """Every node of the autograd graph of `loss`, once each."""
     todo, seen = [loss.grad_fn], set()
     while todo:
         node = todo.pop()
         if node is None or node in seen:
             continue
         seen.add(node)
-        kernel = BACKWARD_NODES.get(type(node).__name__)
-        if kernel:
-            counts[kernel] += 1
+        yield node
         todo.extend(fn for fn, _ in node.next_functions)
-    return dict(counts)
+
+
+def fused_kernels(loss) -> dict[str, int]:
+    """{kernel: calls} of the fused SDPA kernels in the autograd graph of `loss`."""
+    return dict(Counter(BACKWARD_NODES[type(n).__name__] for n in graph_nodes(loss)
+                        if type(n).__name__ in BACKWARD_NODES))
 
 
 def backend_name(kernels: dict[str, int], sdpa_calls: int) -> str:

@@ -153,8 +153,5 @@ def render_json(results: list, calibration=None, distributed=None) -> None:
 
 def render_hf_json(config_path: str, rows: list) -> None:
     """`zplan calibrate --hf-config --json`: one document, kind `calibrate-hf`."""
-    from dataclasses import asdict
-
     emit_json("calibrate-hf", {"config": config_path, "rows": [
-        asdict(r) | {"mismatched_classes": list(r.mismatched_classes), "block_error_pct": 100 * r.block_error}
-        for r in rows]})
+        r.model_dump(mode="json") | {"block_error_pct": 100 * r.block_error} for r in rows]})

@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict
 
 from planner.calibrate.config import RunSpec
 from planner.calibrate.parts import HardwareParts
-from planner.calibrate.results import Measured
+from planner.calibrate.results import HFRow, Measured
 from planner.core.spec import Layout
 from planner.io.calibration import Calibration
 from planner.memory.infer import InferPlan
@@ -198,24 +198,11 @@ class CalibrateHardwareDocument(_Envelope):
     steps: list[HardwareStepRow]
 
 
-class HFRowDocument(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class HFRowDocument(HFRow):
+    """One row of `zplan calibrate --hf-config` with its error."""
 
-    where: str
-    attention: str
-    precision: str
-    predicted_block_bytes: int
-    measured_block_bytes: int
-    predicted_outside_bytes: int
-    measured_outside_bytes: int
-    predicted_params: int
-    measured_params: int
-    predicted_forward_flops: float
-    measured_forward_flops: int
-    mismatched_classes: list[str]
-    attention_backend: str
-    """The SDPA kernel that ran (flash, efficient, cudnn, math, mixed); empty for eager."""
     block_error_pct: float
+    """(predicted / measured - 1) x 100 for one block."""
 
 
 class CalibrateHFDocument(_Envelope):
