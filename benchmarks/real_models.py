@@ -15,6 +15,11 @@ parameters; forward FLOPs (torch.utils.flop_counter vs planner.core.flops).
     python benchmarks/real_models.py                 # print the table (a few minutes on 2 cores)
     python benchmarks/real_models.py --update-docs   # also write it between the markers in README.md
                                                      # if present, else in docs/implementations.md
+    python benchmarks/real_models.py --peak          # the step's peak only (planner/memory/peak.py)
+
+Step peak (issue 11): a full fp32 training step (forward, backward, torch Adam step) of the
+harness's own GPT / Llama and of the small transformers models under FakeTensorMode inside
+torch's MemTracker, against `planner.memory.peak.step_peak_bytes`. Goal: within 5 %.
 
 Not a test: nothing here asserts.
 """
@@ -148,6 +153,62 @@ def run(quick: bool) -> list[list[str]]:
     return rows
 
 
+PEAK_HEADER = ["model", "implementation", "seq x batch", "Adam", "moment", "peak predicted B",
+               "MemTracker peak B", "err %"]
+HARNESS_PEAK = [  # (preset, dims, seq, batch): activation-bound and optimizer-bound shapes
+    ("gpt2", dict(layers=2, hidden=64, heads=4, ffn=256, vocab=512), 32, 4),
+    ("gpt2", dict(layers=2, hidden=128, heads=4, ffn=512, vocab=256), 8, 1),
+    ("llama2-7b", dict(layers=2, hidden=64, heads=4, ffn=256, vocab=512), 32, 4),
+    ("llama2-7b", dict(layers=2, hidden=128, heads=4, ffn=512, vocab=256), 8, 1),
+]
+
+
+def peak_row(model: str, impl: str, seq: int, batch: int, optimizer: str, measured: int,
+             predicted: dict[str, int]) -> list[str]:
+    moment = "backward start" if predicted["peak"] == predicted["backward_start"] else "optimizer step"
+    err = (predicted["peak"] - measured) / measured * 100
+    return [model, impl, f"{seq} x {batch}", optimizer, moment, f"{predicted['peak']:,}", f"{measured:,}",
+            f"{err:+.3f}"]
+
+
+def peak_rows() -> list[list[str]]:
+    import torch
+
+    from planner.calibrate import peak_check as pc
+    from planner.calibrate.config import scaled_model
+    from planner.calibrate.models import build_model
+    from planner.io.loading import load_model
+
+    rows = []
+    for preset, dims, seq, batch in HARNESS_PEAK:
+        spec = scaled_model(load_model(preset), **dims)
+        with torch.device("meta"):
+            net = build_model(spec, seq)
+        for foreach in (True, False):
+            opt = "foreach" if foreach else "for-loop"
+            measured = pc.tracked_peak(pc.harness_builder(spec, seq, batch), foreach)["Total"]
+            predicted = pc.fp32_adam_prediction(net, pc.harness_saved_bytes(spec, seq, batch), seq * batch,
+                                                spec.vocab_size, opt)
+            rows.append(peak_row(spec.name, "zplan harness", seq, batch, opt, measured, predicted))
+            print(" | ".join(rows[-1]), flush=True)
+    for name in ("gpt2", "llama", "qwen2"):
+        config = SMALL[name]
+        for attention in ("eager", "sdpa"):
+            for seq, batch in ((SMALL_SEQ, SMALL_BATCH), (8, 1)):
+                measured = pc.tracked_peak(pc.hf_builder(config, attention, seq, batch), True)["Total"]
+                net = hf_models.build_model(config, attention, "fp32", device="meta")
+                predicted = pc.fp32_adam_prediction(net, pc.hf_saved_bytes(config, attention, seq, batch),
+                                                    seq * batch, config["vocab_size"], "foreach")
+                rows.append(peak_row(name, f"hf-{attention}", seq, batch, "foreach", measured, predicted))
+                print(" | ".join(rows[-1]), flush=True)
+    return rows
+
+
+def peak_table(rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(PEAK_HEADER) + " |", "|" + "---|" * len(PEAK_HEADER)]
+    return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows])
+
+
 def update(text: str) -> Path:
     readme, doc = ROOT / "README.md", ROOT / "docs" / "implementations.md"
     target = readme if MARK_START in readme.read_text() else doc
@@ -161,7 +222,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--update-docs", action="store_true")
     parser.add_argument("--quick", action="store_true", help="CPU rows only")
+    parser.add_argument("--peak", action="store_true", help="the step-peak table only")
     args = parser.parse_args()
+    if args.peak:
+        print(peak_table(peak_rows()))
+        return
     text = table(run(args.quick))
     print(text)
     if args.update_docs:

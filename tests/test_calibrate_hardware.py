@@ -13,17 +13,12 @@ import numpy as np
 import pytest
 import yaml
 
-from planner.calibrate.fits import (
-    AlphaBeta,
-    bus_factor,
-    fit_alpha_beta,
-    gemm_efficiency,
-    interp_loglog,
-)
+from planner.calibrate.fits import AlphaBeta, fit_alpha_beta, interp_loglog
 from planner.calibrate.parts import CollectiveFit, HardwareParts, KernelCurve, OptimizerFit
 from planner.calibrate.profile_file import locked_update, merge_gpu, write_profiles
 from planner.core.spec import GemmPoint
 from planner.io.loading import cluster_for_gpus, load_gpu, load_node
+from planner.timing.collectives import bus_factor
 
 KIB, MIB, GIB_ = 2**10, 2**20, 2**30
 
@@ -72,21 +67,27 @@ def test_bus_factors_are_nccl_tests() -> None:
 # --------------------------------------------------------------------------- look-ups
 
 
-def _grid_points(eff) -> list[GemmPoint]:
-    return [GemmPoint(dtype="fp32", m=m, n=n, k=k, efficiency=eff(m, n, k), source="hand")
-            for m in (64, 256) for n in (64, 256) for k in (64, 256)]
+def test_predictor_times_gemms_with_the_planners_formula() -> None:
+    """The calibrate predictor reads the measured table through planner.timing.gemm (one
+    formula): linear in log10 of the arithmetic intensity, capped by the roofline.
+    fp32 (4 bytes): ai(s, s, s) = 2 s^3 / (4 · 3 s^2) = s / 6, so ai(64^3) = 10.667 and
+    ai(256^3) = 42.667; 128^3 has ai 21.333, the geometric mean, halfway in log10."""
+    from planner.calibrate.predict import gemm_seconds
+    from planner.timing.gemm import efficiency_from_points
 
-
-def test_gemm_table_is_exact_on_the_grid_and_geometric_between() -> None:
-    points = _grid_points(lambda m, n, k: 0.1 if m == 64 else 0.4)
-    assert gemm_efficiency(points, "fp32", 64, 256, 64) == pytest.approx(0.1)
-    assert gemm_efficiency(points, "fp32", 256, 64, 256) == pytest.approx(0.4)
-    # m = 128 is halfway between 64 and 256 in log m: exp((ln 0.1 + ln 0.4) / 2) = sqrt(0.04) = 0.2
-    assert gemm_efficiency(points, "fp32", 128, 100, 200) == pytest.approx(0.2)
-    # outside the grid: clamped to the nearest face
-    assert gemm_efficiency(points, "fp32", 4096, 64, 64) == pytest.approx(0.4)
+    points = [GemmPoint(dtype="fp32", m=64, n=64, k=64, efficiency=0.1, source="hand"),
+              GemmPoint(dtype="fp32", m=256, n=256, k=256, efficiency=0.4, source="hand")]
+    # no roofline cap: 10.667 FLOP/B x 1e12 B/s > 1e11 FLOP/s
+    assert efficiency_from_points(points, 128, 128, 128, 4, 1e11, 1e12) == pytest.approx(0.25)
+    assert efficiency_from_points(points, 4096, 4096, 4096, 4, 1e11, 1e12) == pytest.approx(0.4)  # beyond: flat
+    # the roofline: ai(64^3) = 10.667 at 1e9 B/s over 1e11 FLOP/s caps at 0.10667 / 1 -> 0.1 stays,
+    # at 5e8 B/s the cap 10.667 x 5e8 / 1e11 = 0.05333 wins
+    assert efficiency_from_points(points, 64, 64, 64, 4, 1e11, 5e8) == pytest.approx(64 / 6 * 5e8 / 1e11)
+    parts = _parts().model_copy(update={"gemm": tuple(points)})
+    # copy curve: 2 GiB in 0.2 s = 10.74 GB/s, cap at ai 21.33 is 2.29 > 1: efficiency 0.25
+    assert gemm_seconds(parts, "fp32", 128, 128, 128) == pytest.approx(2 * 128**3 / (0.25 * 1e11))
     with pytest.raises(ValueError, match="bf16"):
-        gemm_efficiency(points, "bf16", 64, 64, 64)
+        gemm_seconds(parts, "bf16", 64, 64, 64)
 
 
 def test_loglog_interpolation_follows_a_power_law() -> None:
@@ -142,8 +143,9 @@ def test_profile_validates_loads_and_round_trips(tmp_path: Path) -> None:
     assert cluster.node.name == "cpu-testhost-node2" and cluster.gpu.name == "cpu-testhost"
     # round trip: the file re-dumped from the loaded spec is the same mapping
     text = (tmp_path / "gpus" / "cpu-testhost.yaml").read_text()
-    # (optional fields the calibration does not measure stay unset: None)
-    assert gpu.model_dump(mode="json", exclude_none=True) == yaml.safe_load(text)
+    # fields a calibration does not measure stay unset (the runtime reserve's parts: issue 11)
+    unset = dict.fromkeys(("end_to_end_utilisation", "cublas_workspace_kib", "cuda_context_mib", "usable_memory_gib"))
+    assert gpu.model_dump(mode="json") == {**yaml.safe_load(text), **unset}
 
 
 def test_rerun_merges_and_rescales_to_the_new_peak(tmp_path: Path) -> None:

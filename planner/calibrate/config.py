@@ -47,6 +47,18 @@ def check_size(model: ModelSpec, max_params: float) -> None:
             "scale it down with --layers/--hidden/--heads/--ffn/--vocab")
 
 
+def check_nproc_devices(nproc: int, device: str, cuda_available: bool, cuda_devices: int) -> None:
+    """Refuse `--nproc N` under a CUDA request (`cuda`, `cuda:N`, or `auto` with CUDA present)
+    on a machine with fewer than N CUDA devices: one rank per device, never N ranks on one GPU
+    (NCCL refuses two ranks on one device; a crash of N processes is not an answer). `--device
+    cpu` runs the N ranks on the CPU with gloo instead."""
+    on_cuda = device.startswith("cuda") or (device == "auto" and cuda_available)
+    if nproc > 1 and on_cuda and cuda_devices < nproc:
+        raise PlanInputError(
+            "nproc", f"--nproc {nproc} needs {nproc} CUDA devices (one rank each) but this machine has "
+            f"{cuda_devices}; use --nproc {max(cuda_devices, 1)} or --device cpu (gloo on the CPU)")
+
+
 class RunSpec(Frozen):
     """One configuration to run."""
 

@@ -2,13 +2,12 @@
 
 - `fit_alpha_beta`: least squares of t = α + bytes / bandwidth, the latency/bandwidth form of the
   step model (Hockney 1994, "The communication challenge for MPP", eq. 1; EQUATIONS.md §8);
-- `bus_factor`: nccl-tests' bus-bandwidth factor (NVIDIA/nccl-tests doc/PERFORMANCE.md,
-  "Bus bandwidth": all-reduce 2(n-1)/n; all-gather, reduce-scatter and all-to-all (n-1)/n;
-  send/recv 1), applied to the algorithm bandwidth algbw = size / time;
 - `interp_loglog`: time of a memory-bound kernel at any byte count from a measured curve
   (piecewise linear in log bytes / log seconds, the two end segments extended);
-- `gemm_seconds`: time of one GEMM from a measured efficiency-by-shape table, interpolated
-  trilinearly in (log m, log n, log k) and clamped to the grid's range.
+
+The bus-bandwidth factor and the α–β time are the step model's own
+(`planner.timing.collectives.bus_factor` / `alpha_beta_s`), the GEMM efficiency by shape the
+planner's (`planner.timing.gemm.efficiency_from_points`): each formula once.
 """
 
 from __future__ import annotations
@@ -18,7 +17,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from planner.core.spec import Frozen, GemmPoint
+from planner.core.spec import Frozen
+from planner.timing.collectives import Collective, alpha_beta_s
 
 
 class AlphaBeta(Frozen):
@@ -28,7 +28,7 @@ class AlphaBeta(Frozen):
     bytes_per_s: float
 
     def seconds(self, num_bytes: float) -> float:
-        return self.latency_s + num_bytes / self.bytes_per_s
+        return float(alpha_beta_s(num_bytes, self.bytes_per_s, 1, self.latency_s))
 
 
 def fit_alpha_beta(sizes_bytes: Sequence[float], times_s: Sequence[float]) -> AlphaBeta:
@@ -50,20 +50,8 @@ def fit_alpha_beta(sizes_bytes: Sequence[float], times_s: Sequence[float]) -> Al
     return AlphaBeta(latency_s=float(alpha), bytes_per_s=float(1.0 / beta))
 
 
-BUS_OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv")
-
-
-def bus_factor(op: str, ranks: int) -> float:
-    """nccl-tests' busbw / algbw factor for `op` on `ranks` ranks (doc/PERFORMANCE.md)."""
-    if ranks < 1:
-        raise ValueError(f"ranks must be >= 1, got {ranks}")
-    if op == "all_reduce":
-        return 2 * (ranks - 1) / ranks
-    if op in ("all_gather", "reduce_scatter", "all_to_all"):
-        return (ranks - 1) / ranks
-    if op == "send_recv":
-        return 1.0
-    raise ValueError(f"unknown collective {op!r}; one of {', '.join(BUS_OPS)}")
+BUS_OPS = Collective.__args__
+"""The collectives measured, as the step model names them (planner.timing.collectives)."""
 
 
 def interp_loglog(sizes_bytes: Sequence[float], times_s: Sequence[float], num_bytes: float) -> float:
@@ -77,41 +65,3 @@ def interp_loglog(sizes_bytes: Sequence[float], times_s: Sequence[float], num_by
     i = int(np.clip(np.searchsorted(lx, q) - 1, 0, len(lx) - 2))
     slope = (ly[i + 1] - ly[i]) / (lx[i + 1] - lx[i])
     return float(math.exp(ly[i] + slope * (q - lx[i])))
-
-
-def _bracket(axis: list[int], value: int) -> tuple[int, int, float]:
-    """Indices of the grid values around `value` and the log-space weight of the upper one."""
-    v = min(max(value, axis[0]), axis[-1])
-    hi = next(i for i, a in enumerate(axis) if a >= v)
-    lo = max(hi - 1, 0)
-    if axis[hi] == axis[lo]:
-        return lo, hi, 0.0
-    return lo, hi, math.log(v / axis[lo]) / math.log(axis[hi] / axis[lo])
-
-
-def gemm_efficiency(points: Sequence[GemmPoint], dtype: str, m: int, n: int, k: int) -> float:
-    """Efficiency of (m x k) @ (k x n) in `dtype`, trilinear in log m, log n, log k over a full
-    grid of measured points (outside the grid: the nearest face)."""
-    table = {(p.m, p.n, p.k): p.efficiency for p in points if p.dtype == dtype}
-    if not table:
-        raise ValueError(f"no measured GEMM points for {dtype}")
-    axes = [sorted({key[i] for key in table}) for i in range(3)]
-    brackets = [_bracket(axes[i], v) for i, v in enumerate((m, n, k))]
-    total = 0.0
-    for corner in range(8):
-        weight, key = 1.0, []
-        for i, (lo, hi, w) in enumerate(brackets):
-            upper = (corner >> i) & 1
-            weight *= w if upper else 1.0 - w
-            key.append(axes[i][hi if upper else lo])
-        if weight:
-            if tuple(key) not in table:
-                raise ValueError(f"GEMM table for {dtype} is not a full grid: missing {tuple(key)}")
-            total += weight * math.log(table[tuple(key)])
-    return math.exp(total)
-
-
-def gemm_seconds(points: Sequence[GemmPoint], dtype: str, m: int, n: int, k: int,
-                 peak_flops_per_s: float) -> float:
-    """2·m·n·k FLOPs at the interpolated efficiency of the shape."""
-    return 2.0 * m * n * k / (gemm_efficiency(points, dtype, m, n, k) * peak_flops_per_s)

@@ -24,6 +24,7 @@ import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
+from planner.calibrate.sdpa_backend import fused_kernels, graph_nodes
 from planner.core.errors import PlanInputError
 
 HF_INSTALL_HINT = "measuring a transformers model needs the hf extra: pip install 'zplan[hf]'"
@@ -56,6 +57,8 @@ class HFMeasurement:
     """{tensor class: bytes} saved outside the blocks (embedding, rotary, final norm, head, loss)."""
     forward_flops: int = 0
     backward_flops: int = 0
+    sdpa_kernels: dict[str, int] = field(default_factory=dict)
+    """{fused SDPA kernel: calls} found in the autograd graph (planner.calibrate.sdpa_backend)."""
 
     def block(self, layer: int = 0) -> dict[str, int]:
         return self.by_layer.get(layer, {})
@@ -158,12 +161,7 @@ def _module_stack(model: nn.Module) -> tuple[list[str], list]:
 def _saved_by(loss: torch.Tensor) -> dict[int, set[str]]:
     """{storage: {"NodeName.attribute", ...}} over the autograd graph of `loss`."""
     out: dict[int, set[str]] = {}
-    todo, seen = [loss.grad_fn], set()
-    while todo:
-        node = todo.pop()
-        if node is None or node in seen:
-            continue
-        seen.add(node)
+    for node in graph_nodes(loss):
         for attr in dir(node):
             if not attr.startswith("_saved_"):
                 continue
@@ -174,7 +172,6 @@ def _saved_by(loss: torch.Tensor) -> dict[int, set[str]]:
             for t in value if isinstance(value, (tuple, list)) else (value,):
                 if isinstance(t, torch.Tensor):
                     out.setdefault(_key(t), set()).add(f"{node.name()}.{attr[7:]}")
-        todo.extend(n for n, _ in node.next_functions)
     return out
 
 
@@ -212,6 +209,7 @@ def measure(model: nn.Module, seq_len: int, micro_batch: int, precision: str = "
             loss = model(input_ids=ids, labels=ids).loss
         forward_flops = counter.get_total_flops()
         ops = _saved_by(loss)
+        kernels = fused_kernels(loss)
         if flops:
             with counter:
                 loss.backward()
@@ -221,7 +219,8 @@ def measure(model: nn.Module, seq_len: int, micro_batch: int, precision: str = "
     result = HFMeasurement(num_layers=_depth(cfg), seq_len=seq_len, micro_batch=micro_batch,
                            parameters=sum(p.numel() for p in model.parameters()),
                            forward_flops=forward_flops,
-                           backward_flops=counter.get_total_flops() if flops else 0)
+                           backward_flops=counter.get_total_flops() if flops else 0,
+                           sdpa_kernels=kernels)
     shape = _Shape(seq_len, _head_dim(cfg), getattr(cfg, "hidden_size", None) or cfg.n_embd)
     for k, (module, t) in records.items():
         layer, cls = classify(module, ops.get(k, set()), t, shape)

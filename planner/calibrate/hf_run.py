@@ -8,10 +8,11 @@ depth on CPU and at full size on the meta device, and returns the rows; `render(
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
 from planner.calibrate import hf_models
+from planner.calibrate.results import HFRow
+from planner.calibrate.sdpa_backend import FUSED, backend_name
 from planner.core import flops as flops_mod
 from planner.core import params
 from planner.core.errors import PlanInputError
@@ -19,31 +20,8 @@ from planner.io.hf_config import model_from_hf_dict, read_json
 from planner.memory import implementations as impls
 
 
-@dataclass(frozen=True)
-class HFRow:
-    """One measurement against its prediction (bytes of one block and of the extras outside)."""
-
-    where: str
-    """`cpu, 2 layers` or `meta, full size`."""
-    attention: str
-    precision: str
-    predicted_block_bytes: int
-    measured_block_bytes: int
-    predicted_outside_bytes: int
-    measured_outside_bytes: int
-    predicted_params: int
-    measured_params: int
-    predicted_forward_flops: float
-    measured_forward_flops: int
-    mismatched_classes: tuple[str, ...]
-    """Tensor classes whose bytes differ (empty when every class agrees to the byte)."""
-
-    @property
-    def block_error(self) -> float:
-        return self.predicted_block_bytes / self.measured_block_bytes - 1
-
-
-def implementation_for(config: dict, attention: str, precision: str, device: str) -> impls.Implementation:
+def implementation_for(config: dict, attention: str, precision: str, device: str,
+                       sdpa_backend: str = "flash") -> impls.Implementation:
     """The inventory of a transformers model run with `attention` (eager, sdpa) on `device`
     (cpu: CPU kernels; meta or cuda: CUDA kernels). Defaults as in the configuration classes:
     GPT-2 `activation_function="gelu_new"`, `attn_pdrop=0.1`; Llama family `attention_dropout=0`."""
@@ -52,7 +30,8 @@ def implementation_for(config: dict, attention: str, precision: str, device: str
     p = config.get("attn_pdrop", 0.1) if gpt2 else config.get("attention_dropout", 0.0)
     return impls.Implementation(name="hf-eager" if attention == "eager" else "hf-sdpa", precision=precision,
                                 device="cpu" if device == "cpu" else "cuda",
-                                composite_gelu=act == "gelu_new", attention_dropout=bool(p))
+                                composite_gelu=act == "gelu_new", attention_dropout=bool(p),
+                                sdpa_backend=sdpa_backend)
 
 
 def measure_row(config: dict, attention: str, precision: str, seq_len: int, micro_batch: int,
@@ -63,19 +42,23 @@ def measure_row(config: dict, attention: str, precision: str, seq_len: int, micr
     got = hf_models.measure(model, seq_len, micro_batch, precision)
     n = got.num_layers
     spec = spec.model_copy(update={"num_layers": n})
-    impl = implementation_for(config, attention, precision, device)
+    ran = backend_name(got.sdpa_kernels, n) if attention == "sdpa" else ""
+    impl = implementation_for(config, attention, precision, device, ran if ran in FUSED else "flash")
+    # math or a mix has no inventory of its own: flagged, the fused kernel's shown
+    backend_flag = (f"attention backend {ran}: not modelled",) if ran and ran not in FUSED else ()
     block = impls.block_saved_bytes(spec, impl, seq_len, micro_batch)
     outside = impls.hf_outside_saved_bytes(spec, impl, seq_len, micro_batch)
     measured = got.block(0)
     bad = tuple(sorted(k for k in set(block) | set(measured) if block.get(k) != measured.get(k)))
     bad += tuple(sorted(k for k in set(outside) | set(got.outside) if outside.get(k) != got.outside.get(k)))
+    bad += backend_flag
     return HFRow(
         where=f"{device}, {n} layers", attention=attention, precision=precision,
         predicted_block_bytes=sum(block.values()), measured_block_bytes=sum(measured.values()),
         predicted_outside_bytes=sum(outside.values()), measured_outside_bytes=sum(got.outside.values()),
         predicted_params=params.count_params(spec).total, measured_params=got.parameters,
         predicted_forward_flops=flops_mod.forward_flops(spec, micro_batch, seq_len),
-        measured_forward_flops=got.forward_flops, mismatched_classes=bad)
+        measured_forward_flops=got.forward_flops, mismatched_classes=bad, attention_backend=ran)
 
 
 def calibrate_hf(config_path: str | Path, seq_len: int = 128, micro_batch: int = 2,
@@ -99,12 +82,13 @@ def calibrate_hf(config_path: str | Path, seq_len: int = 128, micro_batch: int =
 
 def render(rows: list[HFRow]) -> str:
     """A plain-text table, one line per row."""
-    head = (f"{'where':<18}{'attention':<10}{'precision':<15}{'block pred B':>16}{'block meas B':>16}"
+    head = (f"{'where':<18}{'attention':<16}{'precision':<15}{'block pred B':>16}{'block meas B':>16}"
             f"{'err %':>8}{'outside pred B':>17}{'outside meas B':>17}{'params pred':>15}{'params meas':>15}"
             f"  mismatched classes")
     lines = [head]
     for r in rows:
-        lines.append(f"{r.where:<18}{r.attention:<10}{r.precision:<15}{r.predicted_block_bytes:>16,}"
+        attention = f"{r.attention} ({r.attention_backend})" if r.attention_backend else r.attention
+        lines.append(f"{r.where:<18}{attention:<16}{r.precision:<15}{r.predicted_block_bytes:>16,}"
                      f"{r.measured_block_bytes:>16,}{100 * r.block_error:>8.2f}{r.predicted_outside_bytes:>17,}"
                      f"{r.measured_outside_bytes:>17,}{r.predicted_params:>15,}{r.measured_params:>15,}"
                      f"  {', '.join(r.mismatched_classes) or '-'}")

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from planner.calibrate.fits import AlphaBeta, bus_factor, interp_loglog
+from planner.calibrate.fits import AlphaBeta, interp_loglog
 from planner.core.spec import Frozen, GemmPoint
+from planner.timing.collectives import bus_factor
 
 KernelKind = Literal["copy", "elementwise", "transcendental", "random", "reduction", "norm", "softmax"]
 
@@ -46,7 +47,7 @@ class CollectiveFit(Frozen):
     @property
     def bus_bytes_per_s(self) -> float:
         """nccl-tests busbw of the fitted algorithm bandwidth."""
-        return self.fit.bytes_per_s * bus_factor(self.op, self.ranks)
+        return self.fit.bytes_per_s * float(bus_factor(self.op, self.ranks))
 
 
 class OptimizerFit(Frozen):

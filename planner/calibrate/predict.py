@@ -3,7 +3,9 @@
 The model's operations come from running its forward and backward once on the `meta` device
 (shapes, no data, no time) under a dispatch mode that records every aten op:
 - `mm` / `addmm` / `bmm` / `baddbmm`: a GEMM of the real shape, timed from the measured
-  efficiency-by-shape table (`fits.gemm_seconds`, trilinear in log m, n, k);
+  efficiency-by-shape table through the planner's own formula (`planner.timing.gemm.
+  efficiency_from_points`: interpolation in arithmetic intensity, capped by the roofline at the
+  measured copy bandwidth), so the predictor checks the formula `fit` and `sweep` use;
 - ops returning a view of an input (`t`, `view`, `expand`, ...) and empty allocations: the
   measured dispatch cost of one aliasing op;
 - every other op: bytes read + written timed on the measured curve of its kind (`copy`, `norm`,
@@ -37,10 +39,10 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from planner.calibrate.fits import gemm_seconds
 from planner.calibrate.models import build_model
 from planner.calibrate.parts import HardwareParts
 from planner.core.spec import Frozen, ModelSpec
+from planner.timing.gemm import efficiency_from_points, gemm_flops
 
 Strategy = Literal["single", "ddp", "zero1", "fsdp2"]
 GEMM_OPS = {"mm", "addmm", "bmm", "baddbmm"}
@@ -161,10 +163,23 @@ def inventory(model: ModelSpec, seq_len: int, micro_batch: int) -> Inventory:
 
 def compute_seconds(inv: Inventory, parts: HardwareParts, dtype: str = "fp32") -> tuple[float, float, float]:
     """(GEMM, memory-bound, dispatch) seconds of the inventory on the measured parts."""
-    peak = parts.peak_flops_per_s[dtype]
-    gemm = sum(b * gemm_seconds(parts.gemm, dtype, m, n, k, peak) for b, m, n, k in inv.gemms)
+    gemm = sum(b * gemm_seconds(parts, dtype, m, n, k) for b, m, n, k in inv.gemms)
     memory = sum(parts.kernel(kind).seconds(moved) for kind, moved in inv.kernels)
     return gemm, memory, inv.views * parts.view_op_s
+
+
+ELEMENT_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+
+
+def gemm_seconds(parts: HardwareParts, dtype: str, m: int, n: int, k: int) -> float:
+    """2·m·n·k FLOPs at the planner's efficiency of the shape on the measured parts."""
+    points = [p for p in parts.gemm if p.dtype == dtype]
+    if not points:
+        raise ValueError(f"no measured GEMM points for {dtype}")
+    peak = parts.peak_flops_per_s[dtype]
+    eff = efficiency_from_points(points, m, n, k, ELEMENT_BYTES[dtype], peak,
+                                 parts.kernel("copy").large_bytes_per_s)
+    return float(gemm_flops(m, n, k) / (eff * peak))
 
 
 def param_sizes(model: ModelSpec, seq_len: int) -> list[int]:

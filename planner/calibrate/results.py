@@ -156,3 +156,30 @@ def build_calibration(results: list[ConfigResult], gpu: str, peak_flops_per_s: f
                    f"{r.run.setup.precision.name},norms={r.measured.norm_impl}]")
             overheads[key] = blocks.measured / blocks.predicted
     return Calibration(created=created, torch_version=torch_version, entries=entries, overheads=overheads)
+
+
+class HFRow(Frozen):
+    """One `zplan calibrate --hf-config` measurement against its prediction (bytes of one block
+    and of the extras outside); planner.calibrate.hf_run builds it."""
+
+    where: str
+    """`cpu, 2 layers` or `meta, full size`."""
+    attention: str
+    precision: str
+    predicted_block_bytes: int
+    measured_block_bytes: int
+    predicted_outside_bytes: int
+    measured_outside_bytes: int
+    predicted_params: int
+    measured_params: int
+    predicted_forward_flops: float
+    measured_forward_flops: int
+    mismatched_classes: tuple[str, ...]
+    """Tensor classes whose bytes differ (empty when every class agrees to the byte)."""
+    attention_backend: str = ""
+    """The SDPA kernel that ran (planner.calibrate.sdpa_backend: flash, efficient, cudnn, math or
+    mixed), whose inventory the prediction uses; empty for eager attention."""
+
+    @property
+    def block_error(self) -> float:
+        return self.predicted_block_bytes / self.measured_block_bytes - 1

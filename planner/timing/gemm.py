@@ -98,14 +98,24 @@ def gemm_efficiency(gpu: GpuSpec, dtype: str, m, n, k, element_bytes: int = 2):
     """Achieved fraction of `gpu`'s dense `dtype` peak for [m x k]·[k x n]: the measured table
     interpolated in arithmetic intensity, capped by the roofline. Falls back to the GPU's
     `achieved_efficiency` when it has no point for the dtype."""
-    ai = arithmetic_intensity(m, n, k, element_bytes)
     points = table_points(gpu, dtype)
-    if points:
-        p_ai = [arithmetic_intensity(p.m, p.n, p.k, element_bytes) for p in points]
-        table = interpolate_in_intensity(ai, p_ai, [p.efficiency for p in points])
-    else:
+    if not points:
+        ai = arithmetic_intensity(m, n, k, element_bytes)
         table = np.full_like(ai, gpu.achieved_efficiency)
-    return np.minimum(table, roofline_fraction(ai, gpu.peak_flops_per_s(dtype), gpu.hbm_bytes_per_s))
+        return np.minimum(table, roofline_fraction(ai, gpu.peak_flops_per_s(dtype), gpu.hbm_bytes_per_s))
+    return efficiency_from_points(points, m, n, k, element_bytes, gpu.peak_flops_per_s(dtype),
+                                  gpu.hbm_bytes_per_s)
+
+
+def efficiency_from_points(points, m, n, k, element_bytes: int, peak_flops_per_s: float,
+                           memory_bytes_per_s: float):
+    """`gemm_efficiency` on a bare list of measured points (one dtype) and a device's peak and
+    memory bandwidth, without a GpuSpec: the measured table interpolated in arithmetic
+    intensity, capped by the roofline. What `zplan calibrate hardware` predicts steps with."""
+    ai = arithmetic_intensity(m, n, k, element_bytes)
+    p_ai = [arithmetic_intensity(p.m, p.n, p.k, element_bytes) for p in points]
+    table = interpolate_in_intensity(ai, p_ai, [p.efficiency for p in points])
+    return np.minimum(table, roofline_fraction(ai, peak_flops_per_s, memory_bytes_per_s))
 
 
 def gemm_time_s(gemm: Gemm, gpu: GpuSpec, dtype: str, element_bytes: int = 2):

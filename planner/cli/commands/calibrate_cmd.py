@@ -20,6 +20,7 @@ from typer.core import TyperGroup
 from planner.calibrate import INSTALL_HINT, torch_available
 from planner.calibrate.config import (
     check_norm_impl,
+    check_nproc_devices,
     check_size,
     expand_recompute,
     run_specs,
@@ -39,7 +40,9 @@ def _int_opt(flag: str, text: str):
 
 @input_errors_exit_2
 def calibrate(
-    model: opt.ModelOpt,
+    model: opt.ModelOrNoneOpt = None,
+    hf_config: Annotated[Path | None, typer.Option("--hf-config", help="A Hugging Face config.json (or its directory): build that model with transformers (no download) at --layers blocks (default 2) on the CPU and at full size on the meta device, and compare saved activations, parameters and FLOPs with the implementation inventory. Instead of --model.", rich_help_panel=_RUN)] = None,
+    attention: Annotated[str, typer.Option("--attention", help="With --hf-config: sdpa, eager, or flash-meta / efficient-meta / cudnn-meta (the CUDA kernels' saves on the meta device).", rich_help_panel=_RUN)] = "sdpa",
     layers: _int_opt("--layers", "Transformer blocks.") = None,
     hidden: _int_opt("--hidden", "Hidden size (head size becomes hidden/heads).") = None,
     heads: _int_opt("--heads", "Query heads.") = None,
@@ -48,7 +51,7 @@ def calibrate(
     vocab: _int_opt("--vocab", "Vocabulary size.") = None,
     seq_len: Annotated[int, typer.Option("--seq-len", min=1, help="Tokens per sequence.", rich_help_panel=_SCALE)] = 64,
     micro_batch: Annotated[int, typer.Option("--micro-batch", min=1, help="Sequences per step.", rich_help_panel=_SCALE)] = 2,
-    precision: Annotated[list[str], typer.Option("--precision", help="Precision recipe (repeatable): fp32, bf16-mixed, megatron-bf16, zero-fp16, zero-infinity-fp16.", rich_help_panel=_RUN)] = ["fp32"],  # noqa: B006
+    precision: Annotated[list[str] | None, typer.Option("--precision", help="Precision recipe (repeatable): fp32 (default), bf16-mixed, megatron-bf16, zero-fp16, zero-infinity-fp16. With --hf-config: fp32, bf16, fp16, autocast-bf16, autocast-fp16 (default bf16 and autocast-bf16).", rich_help_panel=_RUN)] = None,
     optimizer: Annotated[str, typer.Option("--optimizer", help="adam, adamw, sgd-momentum, sgd.", rich_help_panel=_RUN)] = "adam",
     recompute: Annotated[list[str], typer.Option("--recompute", help="none, full, every_k, selective or all (repeatable).", rich_help_panel=_RUN)] = ["none"],  # noqa: B006
     every_k: Annotated[int, typer.Option("--every-k", min=1, help="Blocks per checkpointed segment for every_k.", rich_help_panel=_RUN)] = 2,
@@ -70,6 +73,15 @@ def calibrate(
     if not torch_available():
         print(f"zplan: error: {INSTALL_HINT}", file=sys.stderr)
         raise typer.Exit(EXIT_BAD_INPUT)
+    if hf_config is not None:
+        if model is not None:
+            raise PlanInputError("hf_config", "give --model or --hf-config, not both")
+        _calibrate_hf(hf_config, attention, seq_len, micro_batch, precision, layers, json_out)
+        return
+    if model is None:
+        raise PlanInputError("model", "give --model NAME (a preset, YAML or config.json) or --hf-config PATH")
+    precision = precision or ["fp32"]
+    _check_devices(nproc, device)
     from planner.io.loading import load_model
 
     dirs = opt.extra_dirs(profiles)
@@ -90,6 +102,29 @@ def calibrate(
         distributed = run_distributed(spec, seq_len, micro_batch, nproc, device)
     calibration = _write_calibration(results, gpu, peak, out, _one_gpu_cluster(gpu, dirs))
     _render(results, calibration, distributed, out, json_out)
+
+
+def _check_devices(nproc: int, device: str) -> None:
+    """`--nproc N` under a CUDA request needs N CUDA devices (config.check_nproc_devices)."""
+    import torch
+
+    available = torch.cuda.is_available()
+    check_nproc_devices(nproc, device, available, torch.cuda.device_count() if available else 0)
+
+
+def _calibrate_hf(path: Path, attention: str, seq_len: int, micro_batch: int,
+                  precision: list[str] | None, layers: int | None, json_out: bool) -> None:
+    """`zplan calibrate --hf-config`: planner.calibrate.hf_run on the user's config.json."""
+    from planner.calibrate.hf_run import calibrate_hf, render
+    from planner.cli.report import calibrate as report
+
+    kwargs = {"precisions": tuple(precision)} if precision else {}
+    rows = calibrate_hf(path, seq_len=seq_len, micro_batch=micro_batch, attention=attention,
+                        cpu_layers=layers or 2, **kwargs)
+    if json_out:
+        report.render_hf_json(str(path), rows)
+    else:
+        print(render(rows))
 
 
 def _runs_on_cpu(device: str) -> bool:
@@ -146,19 +181,13 @@ def _write_calibration(results, gpu, peak, out, cluster):
     import torch
 
     from planner.calibrate.results import build_calibration
-    from planner.io.calibration import (
-        load_calibration,
-        merge_calibrations,
-        write_calibration,
-    )
+    from planner.io.calibration import append_calibration
 
     name = gpu or results[0].measured.device  # `cpu` or the CUDA device name
     created = datetime.now(UTC).isoformat(timespec="seconds")
     calibration = build_calibration(results, name, peak, created, torch.__version__, cluster)
-    if out is not None:
-        if out.exists():
-            calibration = merge_calibrations(load_calibration(out), calibration)
-        write_calibration(calibration, out)
+    if out is not None:  # locked and atomic: concurrent runs appending to one file lose nothing
+        calibration = append_calibration(calibration, out)
     return calibration
 
 
@@ -215,6 +244,8 @@ def hardware(
     from planner.calibrate.hardware_run import HardwareConfig
 
     env = _torchrun_or_none()
+    if env is None:  # under torchrun each rank has its own device; --nproc is ignored
+        _check_devices(nproc, device)
     if gpu is not None and _runs_on_cpu(device):
         raise PlanInputError("gpu", f"--gpu {gpu} gives a GPU's peak, but this run is on the CPU; "
                              "use --peak-tflops for a CPU peak, or neither (the best measured GEMM)")

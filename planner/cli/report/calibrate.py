@@ -149,3 +149,9 @@ def render_json(results: list, calibration=None, distributed=None) -> None:
         payload["distributed"] = {"nproc": distributed["nproc"], "ranks": distributed["ranks"],
                                   "rows": _rows_json(distributed["rows"])}
     emit_json("calibrate", payload)
+
+
+def render_hf_json(config_path: str, rows: list) -> None:
+    """`zplan calibrate --hf-config --json`: one document, kind `calibrate-hf`."""
+    emit_json("calibrate-hf", {"config": config_path, "rows": [
+        r.model_dump(mode="json") | {"block_error_pct": 100 * r.block_error} for r in rows]})

@@ -7,7 +7,7 @@ is the code's own description, not a second copy. The published files are docs/s
 up to date and that each command's actual output validates against its schema.
 
 Regenerate after changing a result model:  python -m planner.cli.report.schema docs/schema
-(`zplan calibrate --json` is engineer C's command and not covered here yet.)
+`zplan calibrate` (model, hardware, --hf-config) is covered too: its modules are torch-free.
 """
 
 from __future__ import annotations
@@ -19,7 +19,11 @@ from typing import Any, Literal, Optional
 
 from pydantic import BaseModel, ConfigDict
 
+from planner.calibrate.config import RunSpec
+from planner.calibrate.parts import HardwareParts
+from planner.calibrate.results import HFRow, Measured
 from planner.core.spec import Layout
+from planner.io.calibration import Calibration
 from planner.memory.infer import InferPlan
 from planner.memory.plan import NodeMemory, StageMemory
 from planner.search.fitting import FitResult, ModelSummary
@@ -129,10 +133,95 @@ class CheckDocument(_Envelope):
     notes: list[str]
 
 
+class CalibrateRow(BaseModel):
+    """One compared quantity (planner.calibrate.compare.Row) with its error."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    quantity: str
+    unit: str
+    predicted: Optional[float]
+    measured: float
+    note: str
+    error_pct: Optional[float]
+    """(measured - predicted) / predicted x 100; null without a prediction (or infinite)."""
+
+
+class CalibrateConfiguration(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    label: str
+    run: RunSpec
+    measured: Measured
+    rows: list[CalibrateRow]
+    classes: list[CalibrateRow]
+
+
+class CalibrateDistributed(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    nproc: int
+    ranks: list[dict[str, Any]]
+    """Raw per-rank measurements (bytes, bucket counts) as the ranks reported them."""
+    rows: list[CalibrateRow]
+
+
+class CalibrateDocument(_Envelope):
+    """`zplan calibrate [model] --json` (planner.cli.report.calibrate.render_json)."""
+
+    kind: Literal["calibrate"]
+    configurations: list[CalibrateConfiguration]
+    calibration: Optional[Calibration] = None
+    distributed: Optional[CalibrateDistributed] = None
+
+
+class HardwareStepRow(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    strategy: str
+    nproc: int
+    micro_batch: int
+    seq_len: int
+    layers: int
+    hidden: int
+    predicted: dict[str, float]
+    """Seconds per term: step_s, compute_s, gemm_s, memory_bound_s, dispatch_s, communication_s, optimizer_s."""
+    measured: dict[str, Optional[float]]
+    """Seconds per term: step_s, forward_backward_s, compute_s (null when not attributed), communication_s, optimizer_s."""
+    step_error_pct: float
+
+
+class CalibrateHardwareDocument(_Envelope):
+    """`zplan calibrate hardware --json` (planner.cli.report.calibrate_hardware.render_json)."""
+
+    kind: Literal["calibrate-hardware"]
+    parts: HardwareParts
+    profiles_written: list[str]
+    steps: list[HardwareStepRow]
+
+
+class HFRowDocument(HFRow):
+    """One row of `zplan calibrate --hf-config` with its error."""
+
+    block_error_pct: float
+    """(predicted / measured - 1) x 100 for one block."""
+
+
+class CalibrateHFDocument(_Envelope):
+    """`zplan calibrate --hf-config PATH --json` (planner.cli.report.calibrate.render_hf_json)."""
+
+    kind: Literal["calibrate-hf"]
+    config: str
+    rows: list[HFRowDocument]
+
+
 DOCUMENTS: dict[str, type[BaseModel]] = {
     "fit": FitDocument, "model": ModelDocument, "infer": InferDocument, "sweep": SweepDocument,
     "presets": PresetsDocument, "check": CheckDocument,
     "budget-compute": ComputeBudgetDocument, "budget-model": ModelBudgetDocument,
+    "calibrate": CalibrateDocument, "calibrate-hardware": CalibrateHardwareDocument,
+    "calibrate-hf": CalibrateHFDocument,
 }
 """File stem in docs/schema -> document model."""
 
