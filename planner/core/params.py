@@ -407,7 +407,8 @@ def _last_stage_has_output_matrix(model: ModelSpec, pp: int) -> bool:
 
 def block_kinds(model: ModelSpec) -> set[bool]:
     """Which blocks the model has: True for MoE blocks, False for dense ones."""
-    return {model.layer_is_moe(i) for i in range(model.num_layers)}
+    moe = model.num_moe_layers  # closed form: no scan over the layers (called per tp in a sweep)
+    return {kind for kind, present in ((True, moe > 0), (False, moe < model.num_layers)) if present}
 
 
 def stage_params(model: ModelSpec, tp: int, pp: int, kv_replication: bool = False) -> list[StageParams]:
