@@ -38,7 +38,8 @@ TempoTechnique = Literal["gelu", "layernorm", "dropout"]
 class Frozen(BaseModel):
     """Base: frozen, unknown keys rejected, docstrings become field descriptions."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
+    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True,
+                              defer_build=True)
 
     @field_validator("*", mode="before")
     @classmethod
