@@ -263,3 +263,21 @@ def test_stage_params_bert_pipeline_has_no_output_copy():
     first, last = stage_params(model, tp=2, pp=2)
     assert first.embedding_params == (V // 2) * h + s * h + 2 * h + 2 * h
     assert last.head_params == h * h + h
+
+
+def test_moe_layer_count_closed_form_matches_the_layer_rule():
+    """num_moe_layers / block_kinds are closed forms of layer_is_moe; hand counts: DeepSeek-V3
+    (61 blocks, first 3 dense, every later one MoE) 61 - 3 = 58; Llama 4 Maverick (48 blocks,
+    interleave_moe_layer_step 2: blocks 1, 3, ..., 47) 24; first_dense 5, step 3 over 10 blocks:
+    (i + 1) in {6, 9} -> 2; first_dense beyond the layers -> 0; a dense model -> 0."""
+    from planner.core.params import block_kinds
+    from planner.io.loading import load_model
+
+    base = load_model("gpt3-175b")
+    cases = [(61, 3, 1, 256, 58), (48, 0, 2, 128, 24), (10, 5, 3, 8, 2), (4, 9, 1, 8, 0),
+             (96, 0, 1, 0, 0)]
+    for layers, first, step, experts, expected in cases:
+        m = base.model_copy(update=dict(num_layers=layers, first_dense_layers=first,
+                                        moe_layer_step=step, num_experts=experts))
+        assert m.num_moe_layers == expected == sum(m.layer_is_moe(i) for i in range(layers))
+        assert block_kinds(m) == {m.layer_is_moe(i) for i in range(layers)}

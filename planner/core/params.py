@@ -24,6 +24,8 @@ the up-projections column-parallel, linear_proj row-parallel
 
 from __future__ import annotations
 
+import functools
+
 from planner.core.errors import PlanInputError
 from planner.core.spec import Frozen, ModelSpec, ceil_div
 
@@ -296,8 +298,14 @@ def layer_tensors_per_rank(model: ModelSpec, tp: int, moe: bool | None = None,
     (weight split, bias replicated), norms and the MoE router replicated, experts split by tp.
     `moe` picks the MoE or the dense block (None: MoE when the model has experts);
     `kv_replication` allows tp wider than the kv heads (check_tp)."""
+    return list(_layer_tensors(model, tp, model.is_moe if moe is None else moe, kv_replication))
+
+
+@functools.lru_cache(maxsize=1024)
+def _layer_tensors(model: ModelSpec, tp: int, moe: bool, kv_replication: bool) -> tuple[tuple[str, int], ...]:
+    """`layer_tensors_per_rank`, remembered per (model, tp, block kind): a sweep's stage tables
+    ask for the same few tp values for every pp and stage (a fresh list is returned each call)."""
     check_tp(model, tp, kv_replication)
-    moe = model.is_moe if moe is None else moe
     h = model.hidden_size
     tensors = _mla_tensors(model, tp) if model.is_mla else _attention_tensors(model, tp)
     norm_tensors = [("weight", h), ("bias", h)] if model.norm == "layernorm" else [("weight", h)]
@@ -314,7 +322,7 @@ def layer_tensors_per_rank(model: ModelSpec, tp: int, moe: bool | None = None,
             tensors += _mlp_tensors(model, model.expert_ffn_size, tp, f"experts.{e}.")
     else:
         tensors += _mlp_tensors(model, model.ffn_hidden_size, tp, "mlp.")
-    return tensors
+    return tuple(tensors)
 
 
 def _attention_tensors(model: ModelSpec, tp: int) -> list[tuple[str, int]]:
@@ -407,7 +415,8 @@ def _last_stage_has_output_matrix(model: ModelSpec, pp: int) -> bool:
 
 def block_kinds(model: ModelSpec) -> set[bool]:
     """Which blocks the model has: True for MoE blocks, False for dense ones."""
-    return {model.layer_is_moe(i) for i in range(model.num_layers)}
+    moe = model.num_moe_layers  # closed form: no scan over the layers (called per tp in a sweep)
+    return {kind for kind, present in ((True, moe > 0), (False, moe < model.num_layers)) if present}
 
 
 def stage_params(model: ModelSpec, tp: int, pp: int, kv_replication: bool = False) -> list[StageParams]:

@@ -38,7 +38,8 @@ TempoTechnique = Literal["gelu", "layernorm", "dropout"]
 class Frozen(BaseModel):
     """Base: frozen, unknown keys rejected, docstrings become field descriptions."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
+    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True,
+                              defer_build=True)
 
     @field_validator("*", mode="before")
     @classmethod
@@ -208,8 +209,14 @@ class ModelSpec(Frozen):
 
     @property
     def num_moe_layers(self) -> int:
-        """Blocks with an MoE MLP; the other num_layers - num_moe_layers are dense."""
-        return sum(self.layer_is_moe(i) for i in range(self.num_layers))
+        """Blocks with an MoE MLP; the other num_layers - num_moe_layers are dense. The count of
+        `layer_is_moe` in closed form: block i is MoE when (i + 1) is a multiple of
+        moe_layer_step in (first_dense_layers, num_layers], i.e. L // step - min(first, L) // step
+        (constant time: the sweep asks for it once per tp rule check)."""
+        if not self.is_moe:
+            return 0
+        step, last = self.moe_layer_step, self.num_layers
+        return last // step - min(self.first_dense_layers, last) // step
 
     def layer_is_local(self, layer: int) -> bool:
         """Block `layer` (0-based) attends only within `local_window` (interleaved local/global)."""

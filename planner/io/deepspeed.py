@@ -181,6 +181,13 @@ def layout_from_deepspeed(
                      notes=tuple(notes))
 
 
+def config_buffers(config: dict[str, Any], hidden_size: int | None) -> tuple[EngineBuffers, list[str]]:
+    """A whole config's bucket sizes (`buffers_from_deepspeed` of its zero_optimization section,
+    "auto" resolved at the section's ZeRO stage), and notes: what `zplan sweep --deepspeed` uses."""
+    zero = config.get("zero_optimization", {})
+    return buffers_from_deepspeed(zero, _zero_fields(zero)["zero_stage"], hidden_size)
+
+
 def _zero_fields(zero: Any) -> dict[str, Any]:
     """zero_stage, offload_optimizer and offload_params from the zero_optimization section."""
     if not isinstance(zero, dict):

@@ -58,6 +58,30 @@ def _clusters(cluster: Optional[str], gpu: Optional[str], gpus: Optional[str],
     return [cluster_for_gpus(gpu, n, dirs) for n in parse_gpu_counts(gpus)]
 
 
+DeepSpeedBuffersOpt = Annotated[Optional[Path], typer.Option(
+    "--deepspeed", help="A DeepSpeed ds_config.json whose zero_optimization bucket sizes every "
+                        "candidate uses (memory buffers and the exposed last bucket); the layout is "
+                        "still searched.")]
+ProgressOpt = Annotated[bool, typer.Option(
+    "--progress", help="Show the progress bar on stderr even when stderr is not a terminal "
+                       "(by default only on a terminal).")]
+
+
+def _deepspeed_buffers(path: Optional[Path], hidden_size: int, console):
+    """The config's bucket sizes (planner.io.deepspeed.config_buffers), or the defaults;
+    the reader's notes (e.g. an "auto" filled by the HF Trainer rule) go to stderr."""
+    from planner.core.spec import EngineBuffers
+
+    if path is None:
+        return EngineBuffers()
+    from planner.io.deepspeed import config_buffers, read_deepspeed_config
+
+    buffers, notes = config_buffers(read_deepspeed_config(path), hidden_size)
+    for note in notes:
+        console.print(f"note: {note}")
+    return buffers
+
+
 def register(app: typer.Typer) -> None:
     """Add `zplan sweep`."""
 
@@ -105,6 +129,8 @@ def register(app: typer.Typer) -> None:
         plot: opt.PlotOpt = None,
         force: opt.ForceOpt = False,
         profiles: opt.ProfilesOpt = None,
+        deepspeed: DeepSpeedBuffersOpt = None,
+        show_progress: ProgressOpt = False,
     ) -> None:
         """Rank every parallel layout (tp, pp, dp, ZeRO, offload, recompute, micro-batch) by
         estimated step time; show why the attractive ones that do not fit are rejected.
@@ -128,6 +154,8 @@ def register(app: typer.Typer) -> None:
                              precision or opt.DEFAULT_PRECISION, optimizer or opt.DEFAULT_OPTIMIZER)
                   for cl in clusters]
         setup = setups[0]
+        console = progress_console()
+        buffers = _deepspeed_buffers(deepspeed, spec.hidden_size, console)
         constraints = sweep.Constraints(
             tp=_ints("tp", tp), pp=_ints("pp", pp), dp=_ints("dp", dp),
             virtual_stages=_ints("virtual_stages", virtual_stages), zero_stage=_ints("zero", zero),
@@ -140,6 +168,7 @@ def register(app: typer.Typer) -> None:
             sequence_parallel=None if sequence_parallel is None else (sequence_parallel,),
             max_tp=max_tp, max_pp=max_pp, max_virtual_stages=max_virtual_stages,
             allow_cross_node_tp=allow_cross_node_tp, flash_attention=bool(flash_attention),
+            buffers=buffers,
         )
         if any(z not in (0, 1, 2, 3) for z in constraints.zero_stage or ()):
             raise PlanInputError("zero", f"ZeRO stages are 0, 1, 2, 3; got {zero}")
@@ -149,9 +178,8 @@ def register(app: typer.Typer) -> None:
             efficiency = efficiency_for(load_calibration(calibration), clusters[0].gpu.name,
                                         setup.precision.compute_dtype)
         sweep.check_sort(sort)
-        console = progress_console()
         results = _run(spec, clusters, setups, constraints, sort, top, show_rejected, efficiency,
-                       console)
+                       console, show_progress)
         if csv_path == "-":
             sys.stdout.write(report.csv_text(results))
         elif csv_path:
@@ -169,24 +197,35 @@ def register(app: typer.Typer) -> None:
         raise typer.Exit(EXIT_FITS if any(r.top for r in results) else EXIT_DOES_NOT_FIT)
 
 
-def _run(spec, clusters, setups, constraints, sort, top, show_rejected, efficiency, console):
-    """One sweep per GPU count, with a progress bar on stderr."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+def _run(spec, clusters, setups, constraints, sort, top, show_rejected, efficiency, console,
+         force_progress: bool = False):
+    """One sweep per GPU count, with one progress bar on stderr over all of them: each GPU count
+    is one unit, advanced per evaluated chunk (sweep's progress callback), and the layouts
+    evaluated so far. Shown when stderr is a terminal, or with --progress (then the bar is
+    drawn even into a file or pipe)."""
+    from rich.console import Console
+    from rich.progress import (BarColumn, Progress, TaskProgressColumn, TextColumn,
+                               TimeElapsedColumn)
 
     from planner.search.sweep import sweep
 
-    results = []
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn())
-    # a terminal gets a live bar; redirected stderr gets nothing extra
+    if force_progress and not console.is_terminal:
+        console = Console(stderr=True, highlight=False, soft_wrap=False, force_terminal=True)
+    results: list = []
+    columns = (TextColumn("{task.description}"), BarColumn(), TaskProgressColumn(),
+               TextColumn("{task.fields[layouts]:,} layouts"), TimeElapsedColumn())
     with Progress(*columns, console=console, transient=True,
                   disable=not console.is_terminal) as progress:
-        for cl, setup in zip(clusters, setups):
-            task = progress.add_task(f"{cl.num_gpus} GPUs", total=None)
+        task = progress.add_task("sweep", total=len(clusters), layouts=0)
+        for i, (cl, setup) in enumerate(zip(clusters, setups)):
+            so_far = sum(r.evaluated for r in results)
+            progress.update(task, description=f"{cl.num_gpus} GPUs, batch {setup.global_batch}")
 
-            def report_progress(done: int, total: int, task=task) -> None:
-                progress.update(task, completed=done, total=total)
+            def report_progress(done: int, total: int, i=i, so_far=so_far) -> None:
+                progress.update(task, completed=i + done / max(total, 1), layouts=so_far + done)
 
             results.append(sweep(spec, cl, setup, constraints, sort=sort, top=top,
                                  rejected=show_rejected, efficiency=efficiency,
                                  progress=report_progress))
+            progress.update(task, completed=i + 1, layouts=so_far + results[-1].evaluated)
     return results

@@ -110,8 +110,16 @@ def render(console: Console, results: list[SweepResult]) -> None:
         if result.rejected:
             console.print(rejected_table(result))
         console.print(f"{result.evaluated:,} layouts evaluated in {result.seconds:.2f} s")
+        if result.excluded:
+            console.print(excluded_line(result))
     if len(results) > 1:
         console.print(scaling_table(results))
+
+
+def excluded_line(result: SweepResult) -> str:
+    """The layout rules that removed combinations before evaluation, most first."""
+    parts = sorted(result.excluded.items(), key=lambda kv: (-kv[1], kv[0]))
+    return "excluded by layout rules: " + ", ".join(f"{rule} {n:,}" for rule, n in parts)
 
 
 def flat_row(result: SweepResult, row: SweepRow) -> dict[str, Any]:
