@@ -156,10 +156,14 @@ def pp_comm_time_s(pp, micro_batches, virtual_stages, send_bytes, bw, lat, gathe
     return np.where(pp > 1, sends * (lat + send_bytes / bw + gather_s), 0.0)
 
 
-def bubble_time_s(pp, micro_batches, virtual_stages, ideal_s):
+def bubble_time_s(pp, micro_batches, virtual_stages, ideal_s, fill_stages=None):
     """1F1B bubble (p-1)/m of the ideal time, divided by v for the interleaved schedule
-    (Narayanan et al. 2021 §2.2.1-2.2.2)."""
-    return (pp - 1) / (micro_batches * virtual_stages) * ideal_s
+    (Narayanan et al. 2021 §2.2.1-2.2.2). The p-1 is the fill and drain through the other
+    stages in units of the slowest stage's time; with uneven stages (`fill_stages`) it is
+    (num_layers - largest stage's layers) / largest stage's layers (a stage's time taken
+    proportional to its layers; embedding and logits not counted)."""
+    fill = pp - 1 if fill_stages is None else fill_stages
+    return fill / (micro_batches * virtual_stages) * ideal_s
 
 
 def last_bucket_bytes(zero_stage, grad_bytes, reduce_bucket_elements=DEFAULT_BUFFERS.reduce_bucket_elements,
@@ -366,6 +370,9 @@ class StageWork:
     recompute_flops: object
     efficiency: object
     """Matmul efficiency of each row (`matmul_efficiency`)."""
+    fill_stages: object
+    """(num_layers - layers) / layers: the pipeline fill in slowest-stage units (pp - 1 when
+    the stages are even; `bubble_time_s`)."""
 
 
 @dataclass(frozen=True)
@@ -396,7 +403,8 @@ def compute_terms(r: Rates, cols: LayoutColumns, work: StageWork) -> dict:
     tp_comm, pp_comm = model_parallel_comm_s(r, cols["tp"], cols["pp"], cols["virtual_stages"], m,
                                              layers, work.act_bytes, cols["sequence_parallel"],
                                              work.tp_allreduces)
-    bubble = bubble_time_s(cols["pp"], m, cols["virtual_stages"], compute + recompute + memory + tp_comm)
+    bubble = bubble_time_s(cols["pp"], m, cols["virtual_stages"],
+                           compute + recompute + memory + tp_comm, work.fill_stages)
     return dict(compute_s=compute, recompute_s=recompute, memory_bound_s=memory,
                 tp_comm_s=tp_comm, pp_comm_s=pp_comm, bubble_s=bubble,
                 fwd_mb_s=fwd_mb, bwd_mb_s=bwd_mb)
@@ -476,9 +484,11 @@ def tp_allreduces_per_layer(recompute) -> int:
     return 6 if recompute == "full" else 4
 
 
-def stage_layers_and_params(model: ModelSpec, tp: int, pp: int) -> tuple[int, int]:
-    """Layers and per-GPU parameters of the largest pipeline stage (params.stage_params)."""
-    stages = params.stage_params(model, tp, pp)
+def stage_layers_and_params(model: ModelSpec, tp: int, pp: int, first: int | None = None,
+                            last: int | None = None) -> tuple[int, int]:
+    """Layers and per-GPU parameters of the largest pipeline stage (params.stage_params;
+    `first` / `last`: uneven stage sizes)."""
+    stages = params.stage_params(model, tp, pp, first=first, last=last)
     return max(s.num_layers for s in stages), max(s.total for s in stages)
 
 
@@ -542,7 +552,8 @@ def step_columns(model: ModelSpec, cluster: Cluster, setup: TrainSetup, cols: La
         fwd_flops=per_mode("forward_flops") * per_gpu, bwd_flops=per_mode("backward_flops") * per_gpu,
         recompute_flops=per_mode("recompute_flops") * per_gpu,
         efficiency=matmul_efficiency(model, cluster, setup, r.efficiency, b, cols["tp"],
-                                     flash_attention, efficiency))
+                                     flash_attention, efficiency),
+        fill_stages=(model.num_layers - layers) / layers)
     sizes = ByteSizes(grad_bytes=prec.grad_bytes, param_bytes=prec.param_bytes,
                       optimizer_bytes=optimizer_bytes_per_param(prec, setup.optimizer),
                       buffers=buffers)
@@ -566,7 +577,9 @@ def estimate_step(model: ModelSpec, cluster: Cluster, layout: Layout, setup: Tra
     if layout.num_gpus != cluster.num_gpus:
         raise PlanInputError("layout", f"tp*pp*dp = {layout.num_gpus} must equal the cluster's "
                                        f"GPUs {cluster.num_gpus}")
-    layers, stage_params = stage_layers_and_params(model, layout.tp, layout.pp)
+    layers, stage_params = stage_layers_and_params(model, layout.tp, layout.pp,
+                                                   layout.first_stage_layers,
+                                                   layout.last_stage_layers)
     cols = step_columns(model, cluster, setup, LayoutColumns.from_layout(layout),
                         np.array([layers]), np.array([stage_params]),
                         flash_attention=layout.flash_attention, buffers=layout.buffers,
