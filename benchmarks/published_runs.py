@@ -266,7 +266,14 @@ def _data_model(run: PublicRun) -> ModelSpec:
                      vocab_size=m.vocab_size, max_seq_len=m.seq_len, source=run.paper, **extra)
 
 
-def data_row_error(run: PublicRun) -> tuple[float | None, float | None, str]:
+UNEVEN_STAGES = {"llama3-405b-8k-8192gpu": (7, 7), "llama3-405b-8k-16384gpu": (7, 7)}
+"""(first, last) stage layers of rows whose sources state an uneven split: Dubey et al. 2024
+§3.3.2 (Llama 3 405B, 126 layers over 16 stages): "we reduce one Transformer layer each from
+the first and the last stages" -> 7, 8 x 14, 7."""
+
+
+def data_row_error(run: PublicRun, level: float | None = None
+                   ) -> tuple[float | None, float | None, str]:
     """(predicted TFLOP/s per GPU, error %, note) of one data-file row, or (None, None, why not).
 
     Counting: rows with an MFU compare model FLOPs (zplan's `mfu` x peak); the others Megatron's
@@ -277,9 +284,7 @@ def data_row_error(run: PublicRun) -> tuple[float | None, float | None, str]:
         return None, None, "model dimensions or batch not transcribed"
     if run.cp > 1:
         return None, None, "context parallelism is not modelled"
-    if run.model.num_layers % run.pp:
-        return None, None, (f"{run.model.num_layers} layers over {run.pp} stages needs uneven "
-                            "stages (not built)")
+    first, last = UNEVEN_STAGES.get(run.name, (None, None))
     m = math.ceil(run.global_batch / (run.micro_batch * run.dp))
     batch = m * run.micro_batch * run.dp
     note = "" if batch == run.global_batch else f"batch {batch} (m={m})"
@@ -287,13 +292,18 @@ def data_row_error(run: PublicRun) -> tuple[float | None, float | None, str]:
     recompute = "selective" if run.recompute == "unknown" else run.recompute
     layout = Layout(tp=run.tp, pp=run.pp, dp=run.dp, zero_stage=data_zero_stage(run),
                     recompute=recompute, micro_batch=run.micro_batch, grad_accum=m,
+                    first_stage_layers=first, last_stage_layers=last,
                     sequence_parallel=run.model.num_kv_heads is not None and run.tp > 1,
                     flash_attention=run.model.num_kv_heads is not None)
     precision = "megatron-fp16" if run.gpu.startswith("v100") else "megatron-bf16"
     setup = TrainSetup(seq_len=run.model.seq_len, global_batch=batch, train_tokens=300e9,
                        precision=get_precision(precision), optimizer=get_optimizer("adam"))
+    cluster = cluster_for_gpus(run.gpu, run.num_gpus)
+    if level is not None:  # the GPU's in-training GEMM level, shape model kept (fit_level)
+        cluster = cluster.model_copy(update=dict(
+            gpu=cluster.gpu.model_copy(update=dict(achieved_efficiency=level))))
     try:
-        est = estimate_step(model, cluster_for_gpus(run.gpu, run.num_gpus), layout, setup)
+        est = estimate_step(model, cluster, layout, setup)
     except PlanInputError as exc:
         return None, None, f"refused: {exc}"
     if run.mfu is not None:
@@ -302,6 +312,17 @@ def data_row_error(run: PublicRun) -> tuple[float | None, float | None, str]:
                                run.model.hidden_size, run.model.vocab_size)
     pred = flops / (est.step_s * run.num_gpus) / 1e12
     return pred, 100 * (pred / run.tflops_per_gpu - 1), note
+
+
+def fit_level(run: PublicRun, lo: float = 0.05, hi: float = 1.0) -> float:
+    """The GPU's `achieved_efficiency` at which the shipped model reproduces an IN-SAMPLE row
+    (bisection; the prediction rises with the level). Used for V100 on Shoeybi et al. 2019."""
+    if run.split != "in_sample":
+        raise ValueError(f"{run.name} is out of sample: never fitted")
+    for _ in range(50):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if data_row_error(run, mid)[1] < 0 else (lo, mid)
+    return (lo + hi) / 2
 
 
 def evaluated_rows() -> list[tuple[str, str, str, float, float | None, float | None, str]]:
@@ -352,6 +373,9 @@ def main(argv: list[str] | None = None) -> None:
     print("\n".join(_table(KORTHIKANTI_2022, eff, "")))
     errs = [abs(error_pct(r, eff)) for r in KORTHIKANTI_2022]
     print(f"\nmean |error| {sum(errs) / len(errs):.1f}%, max {max(errs):.1f}%")
+    v100 = next(r for r in load_runs() if r.name == "megatron-8.3b-v100")
+    print(f"\nV100 in-training GEMM level fitted on in-sample row {v100.name}: "
+          f"{fit_level(v100):.4f}")
     rows = evaluated_rows()
     print("\nevery row with the shipped model (profiles' efficiencies, no override)")
     print(f"{'row':<26} {'split':<13} {'category':<13} {'published':>9} {'predicted':>9}"
