@@ -398,6 +398,10 @@ class SweepRow(Frozen):
     fits: bool
     reason: str = ""
     """For a rejected layout: every resource it overflows and by how much."""
+    variants: list[str] = []
+    """Near-identical layouts folded into this row (`collapse_variants`): the same layout with
+    another offload placement whose step time is within SAME_STEP_REL, as `optimizer/params`
+    offload targets, e.g. `cpu/none`."""
 
 
 class SweepResult(Frozen):
@@ -469,6 +473,35 @@ def rank_order(cols: dict[str, np.ndarray], idx: np.ndarray, sort: str,
     offload = cols["opt"][idx] + cols["par"][idx]
     order = np.lexsort((idx, -cols["headroom_bytes"][idx], offload, cols["step_s"][idx], key))
     return idx[order][:limit]
+
+
+SAME_STEP_REL = 0.005
+"""Step times closer than 0.5 % count as the same answer (a choice of this planner, not a
+measured figure: below the model's own error, docs/accuracy.md)."""
+_VARIANT_FIELDS = ("offload_optimizer", "offload_params")
+"""Fields a near-identical variant may differ in."""
+
+
+def collapse_variants(cands, cols: dict[str, np.ndarray], order: np.ndarray, top: int
+                      ) -> list[tuple[int, list[int]]]:
+    """Walk the ranked `order` and fold each layout into the first earlier one that differs
+    only in the offload placement and whose step time is within SAME_STEP_REL of it (both fit:
+    the caller passes fitting rows only). Returns up to `top` (kept row, folded rows)."""
+    keys = [name for name in cands if name not in _VARIANT_FIELDS]
+    kept: list[tuple[int, list[int]]] = []
+    by_key: dict[tuple, int] = {}
+    for i in (int(j) for j in order):
+        key = tuple(int(cands[name][i]) for name in keys)
+        if key in by_key:
+            head, folded = kept[by_key[key]]
+            if abs(cols["step_s"][i] / cols["step_s"][head] - 1) <= SAME_STEP_REL:
+                folded.append(i)
+                continue
+        if len(kept) == top:
+            continue
+        by_key.setdefault(key, len(kept))
+        kept.append((i, []))
+    return kept
 
 
 def overflow_reason(cols: dict[str, np.ndarray], i: int, cluster: Cluster) -> str:
@@ -557,12 +590,16 @@ def sweep(model: ModelSpec, cluster: Cluster, setup: TrainSetup, constraints: Co
     cols |= {"opt": cands["offload_optimizer"], "par": cands["offload_params"]}  # offload codes for tie-breaking
     ok = fit_masks(cols, cluster)
     fits = ok[0] & ok[1] & ok[2]
-    good = rank_order(cols, np.nonzero(fits)[0], sort, top)
+    # every offload combination of a layout may be a near-identical variant (3 x 3 targets)
+    ranked = rank_order(cols, np.nonzero(fits)[0], sort, top * 9)
+    good = collapse_variants(cands, cols, ranked, top)
     bad = rank_order(cols, np.nonzero(~fits)[0], "step-time", rejected)
     return SweepResult(
         **base, fitting=int(fits.sum()), rejected_gpu=int((~ok[0]).sum()),
         rejected_cpu=int((~ok[1]).sum()), rejected_nvme=int((~ok[2]).sum()),
-        top=[_row(cands, cols, int(i), c, cluster, True) for i in good],
+        top=[_row(cands, cols, i, c, cluster, True).model_copy(update={"variants": [
+            f"{layout_at(cands, j, c).offload_optimizer}/{layout_at(cands, j, c).offload_params}"
+            for j in folded]}) for i, folded in good],
         rejected=[_row(cands, cols, int(i), c, cluster, False) for i in bad],
         empty_reason="" if fits.any() else _why_nothing_fits(cols, ok, cluster),
         seconds=time.perf_counter() - start,
