@@ -24,12 +24,13 @@ from planner.core.spec import EngineBuffers, Layout, OffloadTarget, RecomputeMod
 OFFLOAD_TARGETS: tuple[OffloadTarget, ...] = ("none", "cpu", "nvme")
 RECOMPUTE_MODES: tuple[RecomputeMode, ...] = ("none", "selective", "full", "every_k")
 
+DP_ENGINES = ("deepspeed", "fsdp2")
 CODED = {"offload_optimizer": OFFLOAD_TARGETS, "offload_params": OFFLOAD_TARGETS,
-         "recompute": RECOMPUTE_MODES}
+         "recompute": RECOMPUTE_MODES, "dp_engine": DP_ENGINES}
 """Literal fields stored as the index of their value."""
 FIELDS = ("tp", "pp", "dp", "virtual_stages", "zero_stage", "offload_optimizer", "offload_params",
           "recompute", "recompute_every_k", "sequence_parallel", "micro_batch", "grad_accum",
-          "first_stage_layers", "last_stage_layers")
+          "first_stage_layers", "last_stage_layers", "dp_engine")
 """The varying Layout fields, each one column."""
 OPTIONAL = ("first_stage_layers", "last_stage_layers")
 """Fields whose None is stored as 0 (a column may be absent: the even split)."""

@@ -152,6 +152,17 @@ LAYOUT_RULES: tuple[Rule, ...] = (
          lambda x, c: (c["offload_optimizer"] == 0) | (c["zero_stage"] >= 1),
          lambda x, r: (f"offload_optimizer={OFFLOAD_TARGETS[r['offload_optimizer']]} needs "
                        f"zero_stage >= 1 (got 0)")),
+    Rule("FSDP2 shards like ZeRO-2 or ZeRO-3", "dp_engine", ("dp_engine", "zero_stage"),
+         lambda x, c: (c["dp_engine"] == 0) | (c["zero_stage"] >= 2),
+         lambda x, r: (f"dp_engine=fsdp2 needs zero_stage 3 (reshard_after_forward=True) or 2 "
+                       f"(reshard_after_forward=False), got {r['zero_stage']}")),
+    Rule("FSDP2 offload is not modelled", "dp_engine",
+         ("dp_engine", "offload_optimizer", "offload_params"),
+         lambda x, c: (c["dp_engine"] == 0) | ((c["offload_optimizer"] == 0)
+                                              & (c["offload_params"] == 0)),
+         lambda x, r: ("dp_engine=fsdp2 with offload is not modelled (FSDP2's CPUOffloadPolicy "
+                       "moves parameters, gradients and the optimizer step together); use "
+                       "dp_engine=deepspeed for offload")),
     Rule("sequence parallel needs tp > 1", "sequence_parallel", ("tp", "sequence_parallel"),
          lambda x, c: ~c["sequence_parallel"].astype(bool) | (c["tp"] > 1),
          lambda x, r: "sequence_parallel needs tp > 1 (got tp=1)"),

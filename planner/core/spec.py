@@ -562,6 +562,12 @@ class Layout(Frozen):
     """Blocks on the last pipeline stage, as `--decoder-last-pipeline-num-layers` (None: even)."""
     zero_stage: Literal[0, 1, 2, 3] = 0
     """0 = DDP; 1 = optimizer states partitioned; 2 = + gradients; 3 = + parameters."""
+    dp_engine: Literal["deepspeed", "fsdp2"] = "deepspeed"
+    """Who runs the sharded data parallelism: DeepSpeed ZeRO, or PyTorch FSDP2 (`fully_shard`),
+    with zero_stage 3 = `reshard_after_forward=True` (re-gathered in backward) and 2 =
+    `reshard_after_forward=False` (kept gathered from forward to backward); the step model
+    follows each engine's schedule (planner/timing/sharded_dp.py). Memory: DeepSpeed's
+    accounting of the same stage (a named approximation for FSDP2's unit buffers)."""
     offload_optimizer: OffloadTarget = "none"
     """Where optimizer states (and the fp32 master copy) live: GPU (`none`), `cpu` or `nvme`."""
     offload_params: OffloadTarget = "none"

@@ -37,7 +37,8 @@ from planner.core import params
 from planner.timing import steptime
 from planner.core.errors import PlanInputError
 from planner.core import rules
-from planner.core.columns import OFFLOAD_TARGETS, LayoutColumns, group_rows, representatives
+from planner.core.columns import (DP_ENGINES, OFFLOAD_TARGETS, LayoutColumns, group_rows,
+                                  representatives)
 from planner.core.spec import (
     GIB, Cluster, EngineBuffers, Frozen, Layout, ModelSpec, OffloadTarget, TrainSetup)
 
@@ -57,6 +58,8 @@ class Constraints(Frozen):
     zero_stage: tuple[int, ...] | None = None
     offload_optimizer: tuple[OffloadTarget, ...] | None = None
     offload_params: tuple[OffloadTarget, ...] | None = None
+    dp_engine: tuple[str, ...] | None = None
+    """`Layout.dp_engine` values to search (deepspeed, fsdp2); None: both."""
     recompute: tuple[str, ...] | None = None
     sequence_parallel: tuple[bool, ...] | None = None
     micro_batch: tuple[int, ...] | None = None
@@ -115,15 +118,17 @@ def structures(model: ModelSpec, cluster: Cluster, setup: TrainSetup,
 
 def state_options(model: ModelSpec, cluster: Cluster, setup: TrainSetup,
                   c: Constraints) -> tuple[np.ndarray, dict[str, int]]:
-    """(zero stage, optimizer target, param target) rows as codes, allowed by the constraints
-    and the rule table (offload needs ZeRO, NVMe needs ZeRO-3 and a node with NVMe capacity and
-    bandwidth), and {rule: combinations it removed}."""
-    grid = [(z, o, p) for z in (0, 1, 2, 3) for o in range(3) for p in range(3)
+    """(zero stage, optimizer target, param target, dp engine) rows as codes, allowed by the
+    constraints and the rule table (offload needs ZeRO, NVMe needs ZeRO-3 and a node with NVMe
+    capacity and bandwidth, FSDP2 is ZeRO-2/3 without offload), and {rule: combinations it
+    removed}."""
+    grid = [(z, o, p, e) for z in (0, 1, 2, 3) for o in range(3) for p in range(3)
+            for e in range(len(DP_ENGINES))
             if _allowed(z, c.zero_stage) and _allowed(TARGETS[o], c.offload_optimizer)
-            and _allowed(TARGETS[p], c.offload_params)]
-    rows = _ints(grid).reshape(-1, 3)
+            and _allowed(TARGETS[p], c.offload_params) and _allowed(DP_ENGINES[e], c.dp_engine)]
+    rows = _ints(grid).reshape(-1, 4)
     cols = LayoutColumns(dict(zero_stage=rows[:, 0], offload_optimizer=rows[:, 1],
-                              offload_params=rows[:, 2]))
+                              offload_params=rows[:, 2], dp_engine=rows[:, 3]))
     ok, rejected = rules.mask(rules.Context(model, cluster, setup), cols)
     return rows[ok], rejected
 
@@ -174,7 +179,8 @@ def enumerate_layouts(model: ModelSpec, cluster: Cluster, setup: TrainSetup,
     pair, state, r, s = np.nonzero(keep)  # in C order: the enumeration order
     cols = pairs.take(pair).with_columns(
         zero_stage=states[state, 0], offload_optimizer=states[state, 1],
-        offload_params=states[state, 2], recompute=recompute[r], sequence_parallel=seq_par[s],
+        offload_params=states[state, 2], dp_engine=states[state, 3], recompute=recompute[r],
+        sequence_parallel=seq_par[s],
         recompute_every_k=np.ones(len(pair), dtype=np.int64))
     return cols, rejected
 

@@ -229,6 +229,22 @@ def zero3_comm(r: "Rates", layers, stage_params, dp_local, dp, micro_batches, si
                                  micro_batches, prefetch)
 
 
+def fsdp2_comm(r: "Rates", layers, stage_params, dp_local, dp, micro_batches, sizes: "ByteSizes",
+               fwd_mb_s, bwd_mb_s, reshard_after_forward):
+    """PyTorch FSDP2 per step (`sharded_dp.fsdp2_step`), one `fully_shard` unit per block:
+    all-gathers prefetched one unit ahead in forward and, with reshard_after_forward (ZeRO-3
+    rows), again in backward; gradients reduce-scattered per unit on every micro-batch (torch
+    2.13 `_fully_shard`; docs/collectives.md §4). Same per-layer sizes as `zero3_comm`."""
+    layer_params = stage_params / layers
+    gather = dp_collective_s(r, "all_gather", layer_params * sizes.param_bytes, dp_local, dp)
+    reduce = dp_collective_s(r, "reduce_scatter", layer_params * sizes.grad_bytes, dp_local, dp)
+    args = (gather, reduce, fwd_mb_s / layers, bwd_mb_s / layers, layers, micro_batches)
+    again = sharded_dp.fsdp2_step(*args, reshard_after_forward=True)
+    kept = sharded_dp.fsdp2_step(*args, reshard_after_forward=False)
+    pick = np.asarray(reshard_after_forward, dtype=bool)
+    return sharded_dp.DpCommTime(*(np.where(pick, a, b) for a, b in zip(again, kept)))
+
+
 def optimizer_offload_s(offloaded, shard_params, grad_bytes, param_bytes, params_on_gpu,
                         pcie_bw, bwd_mb_s):
     """ZeRO-Offload PCIe traffic per step (Ren et al. 2021 §4): the gradient shard goes down
@@ -432,8 +448,12 @@ def state_terms(r: Rates, cols: LayoutColumns, layers, stage_params, shard_param
         zero, m, half(stage_params * grad_b), half(stage_params * param_b),
         half(np.minimum(bucket, stage_params * grad_b)), fwd_mb_s, bwd_mb_s)
     z3 = zero3_comm(r, layers, stage_params, dp_local, dp, m, sizes, fwd_mb_s, bwd_mb_s)
-    dp_total = np.where(zero == 3, z3.total_s, dp_total)
-    dp_exposed = np.where(zero == 3, z3.exposed_s, dp_exposed)
+    fsdp = fsdp2_comm(r, layers, stage_params, dp_local, dp, m, sizes, fwd_mb_s, bwd_mb_s,
+                      zero == 3)
+    engine = cols["dp_engine"] if "dp_engine" in cols else np.zeros_like(zero)
+    dp_total = np.where(engine == 1, fsdp.total_s, np.where(zero == 3, z3.total_s, dp_total))
+    dp_exposed = np.where(engine == 1, fsdp.exposed_s,
+                          np.where(zero == 3, z3.exposed_s, dp_exposed))
     offloaded, shard = opt_target > 0, shard_params
     offload = (optimizer_offload_s(offloaded, shard, grad_b, param_b, param_target == 0,
                                    r.pcie_bw, bwd_mb_s)

@@ -17,7 +17,7 @@ from planner.search.sweep import SweepResult, SweepRow
 def layout_label(row: SweepRow) -> str:
     """Short description of the non-default choices: `z3 off=cpu/- rc=sel sp`."""
     lay = row.layout
-    parts = [f"z{lay.zero_stage}"]
+    parts = [f"z{lay.zero_stage}" + (" fsdp2" if lay.dp_engine == "fsdp2" else "")]
     if lay.offload_optimizer != "none" or lay.offload_params != "none":
         parts.append(f"off={lay.offload_optimizer.replace('none', '-')}/"
                      f"{lay.offload_params.replace('none', '-')}")
