@@ -84,10 +84,16 @@ def test_every_gpu_default_efficiency_is_in_the_seed_range():
     # the matmul-level fraction instead, fitted to Narayanan et al. 2021 Table 1 (0.6277 by
     # benchmarks/published_runs.py; tests/test_published_runs.py checks the shipped value
     # against the fit), which must lie above the end-to-end 0.52 the same table reports.
+    # Issue 10 phase 2: H100 and H200 carry an in-training GEMM level too (A100's in-sample
+    # ratio to the isolated-GEMM table, transferred), which must lie above their end-to-end
+    # utilisation; every other GPU keeps an end-to-end figure in the seed's range.
     for path in sorted((PROFILES / "gpus").glob("*.yaml")):
-        eff = load_gpu(path.stem).achieved_efficiency
+        gpu = load_gpu(path.stem)
+        eff = gpu.achieved_efficiency
         if path.stem.startswith("a100"):
             assert 0.52 < eff <= 1
+        elif path.stem in ("h100-sxm", "h200"):
+            assert gpu.end_to_end_utilisation < eff <= 1
         else:
             assert 0.3 <= eff <= 0.55
 

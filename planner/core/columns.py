@@ -24,12 +24,16 @@ from planner.core.spec import EngineBuffers, Layout, OffloadTarget, RecomputeMod
 OFFLOAD_TARGETS: tuple[OffloadTarget, ...] = ("none", "cpu", "nvme")
 RECOMPUTE_MODES: tuple[RecomputeMode, ...] = ("none", "selective", "full", "every_k")
 
+DP_ENGINES = ("deepspeed", "fsdp2")
 CODED = {"offload_optimizer": OFFLOAD_TARGETS, "offload_params": OFFLOAD_TARGETS,
-         "recompute": RECOMPUTE_MODES}
+         "recompute": RECOMPUTE_MODES, "dp_engine": DP_ENGINES}
 """Literal fields stored as the index of their value."""
 FIELDS = ("tp", "pp", "dp", "virtual_stages", "zero_stage", "offload_optimizer", "offload_params",
-          "recompute", "recompute_every_k", "sequence_parallel", "micro_batch", "grad_accum")
+          "recompute", "recompute_every_k", "sequence_parallel", "micro_batch", "grad_accum",
+          "first_stage_layers", "last_stage_layers", "dp_engine")
 """The varying Layout fields, each one column."""
+OPTIONAL = ("first_stage_layers", "last_stage_layers")
+"""Fields whose None is stored as 0 (a column may be absent: the even split)."""
 
 
 class LayoutColumns(Mapping[str, np.ndarray]):
@@ -79,6 +83,8 @@ class LayoutColumns(Mapping[str, np.ndarray]):
         cols: dict[str, np.ndarray] = {}
         for name in FIELDS:
             values = [getattr(lay, name) for lay in layouts]
+            if name in OPTIONAL:
+                values = [v or 0 for v in values]
             if name in CODED:
                 values = [CODED[name].index(v) for v in values]
             dtype = bool if name == "sequence_parallel" else np.int64
@@ -100,6 +106,8 @@ class LayoutColumns(Mapping[str, np.ndarray]):
                 fields[name] = CODED[name][int(value)]
             elif name == "sequence_parallel":
                 fields[name] = bool(value)
+            elif name in OPTIONAL:
+                fields[name] = int(value) or None
             else:
                 fields[name] = int(value)
         extra: dict[str, object] = {"flash_attention": flash_attention}

@@ -235,9 +235,16 @@ def approx_params_with_embeddings(num_layers: int, hidden: int, vocab: int) -> i
 # --------------------------------------------------------------------------- pipeline split
 
 
-def layers_per_stage(num_layers: int, pp: int) -> list[int]:
-    """Blocks per pipeline stage, as even as possible; the extra ones go to the LAST stages
-    (stage 1 already keeps the most micro-batches in flight under 1F1B, seed 004 §3.5.2)."""
+def layers_per_stage(num_layers: int, pp: int, first: int | None = None,
+                     last: int | None = None) -> list[int]:
+    """Blocks per pipeline stage. With `first` / `last` (Megatron-LM's
+    `--decoder-first/last-pipeline-num-layers`) those stages hold that many and the middle
+    stages share the rest evenly (Megatron-LM transformer_block.py `get_num_layers_to_build`,
+    commit d98e8a64; the divisibility rules are planner.core.rules'). Otherwise as even as
+    possible; the extra ones go to the LAST stages (stage 1 already keeps the most micro-batches
+    in flight under 1F1B, seed 004 §3.5.2)."""
+    if first or last:  # 0 = not given (layout columns store None as 0)
+        return uneven_layers_per_stage(num_layers, pp, first or None, last or None)
     if pp < 1:
         raise PlanInputError("pp", f"pipeline degree must be at least 1 (got {pp})")
     if pp > num_layers:
@@ -246,6 +253,29 @@ def layers_per_stage(num_layers: int, pp: int) -> list[int]:
         )
     base, extra = divmod(num_layers, pp)
     return [base + (1 if stage >= pp - extra else 0) for stage in range(pp)]
+
+
+def uneven_layers_per_stage(num_layers: int, pp: int, first: int | None,
+                            last: int | None) -> list[int]:
+    """Megatron's uneven split: first / last stage counts as given, the middle stages
+    (num_layers - first - last) / (pp - stages given) each; a split that does not add up is a
+    one-line error naming the flags."""
+    given = [n for n in (first, last) if n is not None]
+    middle_stages = pp - len(given)
+    middle_layers = num_layers - sum(given)
+    if pp < 2 or middle_layers < 0 or bool(middle_layers) != bool(middle_stages) \
+            or (middle_stages and middle_layers % middle_stages):
+        raise PlanInputError("first_stage_layers", (
+            f"first_stage_layers={first}, last_stage_layers={last} leave {middle_layers} layers of "
+            f"num_layers={num_layers} for {max(middle_stages, 0)} middle stages of pp={pp}; "
+            "they must divide evenly (Megatron-LM transformer_config.py, uneven PP)"))
+    per = middle_layers // middle_stages if middle_stages else 0
+    out = [per] * pp
+    if first is not None:
+        out[0] = first
+    if last is not None:
+        out[-1] = last
+    return out
 
 
 def check_tp(model: ModelSpec, tp: int, kv_replication: bool = False) -> None:
@@ -419,16 +449,18 @@ def block_kinds(model: ModelSpec) -> set[bool]:
     return {kind for kind, present in ((True, moe > 0), (False, moe < model.num_layers)) if present}
 
 
-def stage_params(model: ModelSpec, tp: int, pp: int, kv_replication: bool = False) -> list[StageParams]:
+def stage_params(model: ModelSpec, tp: int, pp: int, kv_replication: bool = False,
+                 first: int | None = None, last: int | None = None) -> list[StageParams]:
     """Parameters held by one GPU (largest tp rank) of each pipeline stage; MoE and dense
-    blocks counted where they sit (first_dense_layers, moe_layer_step)."""
+    blocks counted where they sit (first_dense_layers, moe_layer_step); `first` / `last` the
+    uneven stage sizes (`layers_per_stage`)."""
     per_layer = {moe: layer_params_per_rank(model, tp, moe, kv_replication) for moe in block_kinds(model)}
-    stages, first = [], 0
-    for stage, n_layers in enumerate(layers_per_stage(model.num_layers, pp)):
+    stages, start = [], 0
+    for stage, n_layers in enumerate(layers_per_stage(model.num_layers, pp, first, last)):
         embedding = first_stage_extra_params(model, tp) if stage == 0 else 0
         head = last_stage_extra_params(model, tp, pp) if stage == pp - 1 else 0
-        layers = sum(per_layer[model.layer_is_moe(i)] for i in range(first, first + n_layers))
-        first += n_layers
+        layers = sum(per_layer[model.layer_is_moe(i)] for i in range(start, start + n_layers))
+        start += n_layers
         stages.append(StageParams(
             stage=stage, num_layers=n_layers, layer_params=layers,
             embedding_params=embedding, head_params=head, total=layers + embedding + head,

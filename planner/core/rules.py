@@ -90,6 +90,38 @@ def _most_layers(ctx: Context, pp):
     return -(-ctx.model.num_layers // pp)
 
 
+def _split(c: LayoutColumns):
+    """(first, last, uneven) stage-size columns; 0 = not given, absent columns = the even split."""
+    first = c["first_stage_layers"] if "first_stage_layers" in c else 0
+    last = c["last_stage_layers"] if "last_stage_layers" in c else 0
+    return first, last, (np.asarray(first) > 0) | (np.asarray(last) > 0)
+
+
+def _uneven_ok(ctx: Context, c: LayoutColumns):
+    """Megatron-LM's uneven-pipeline checks (transformer_config.py `__post_init__`, "Uneven
+    PP", commit d98e8a64): the layers left after the first / last stage divide evenly over the
+    middle stages (none left iff no middle stage); under interleaving the first, last and
+    each middle stage's layer counts are multiples of virtual_stages; pp > 1."""
+    first, last, uneven = _split(c)
+    pp, v = c["pp"], c["virtual_stages"]
+    given = (np.asarray(first) > 0).astype(int) + (np.asarray(last) > 0).astype(int)
+    mid_stages = pp - given
+    mid_layers = ctx.model.num_layers - first - last
+    per = np.where(mid_stages > 0, mid_layers // np.maximum(mid_stages, 1), 0)
+    ok = (pp > 1) & (mid_layers >= 0) & ((mid_layers == 0) == (mid_stages == 0))
+    ok &= (mid_stages == 0) | (mid_layers % np.maximum(mid_stages, 1) == 0)
+    ok &= (first % v == 0) & (last % v == 0) & (per % v == 0)
+    return ~uneven | ok
+
+
+def _uneven_message(ctx: Context, r: dict[str, int]) -> str:
+    first, last = r.get("first_stage_layers") or None, r.get("last_stage_layers") or None
+    return (f"first_stage_layers={first}, last_stage_layers={last} with pp={r['pp']}, "
+            f"virtual_stages={r['virtual_stages']}: the other {ctx.model.num_layers} - "
+            f"{(first or 0) + (last or 0)} layers must divide evenly over the middle stages, and "
+            "every stage's count by virtual_stages (Megatron-LM transformer_config.py)")
+
+
 def nvme_ready(ctx: Context) -> bool:
     """The node has NVMe capacity AND read and write bandwidth figures. Without the bandwidth
     the offload time cannot be computed (a zero bandwidth would be infinite speed), so NVMe
@@ -120,6 +152,17 @@ LAYOUT_RULES: tuple[Rule, ...] = (
          lambda x, c: (c["offload_optimizer"] == 0) | (c["zero_stage"] >= 1),
          lambda x, r: (f"offload_optimizer={OFFLOAD_TARGETS[r['offload_optimizer']]} needs "
                        f"zero_stage >= 1 (got 0)")),
+    Rule("FSDP2 shards like ZeRO-2 or ZeRO-3", "dp_engine", ("dp_engine", "zero_stage"),
+         lambda x, c: (c["dp_engine"] == 0) | (c["zero_stage"] >= 2),
+         lambda x, r: (f"dp_engine=fsdp2 needs zero_stage 3 (reshard_after_forward=True) or 2 "
+                       f"(reshard_after_forward=False), got {r['zero_stage']}")),
+    Rule("FSDP2 offload is not modelled", "dp_engine",
+         ("dp_engine", "offload_optimizer", "offload_params"),
+         lambda x, c: (c["dp_engine"] == 0) | ((c["offload_optimizer"] == 0)
+                                              & (c["offload_params"] == 0)),
+         lambda x, r: ("dp_engine=fsdp2 with offload is not modelled (FSDP2's CPUOffloadPolicy "
+                       "moves parameters, gradients and the optimizer step together); use "
+                       "dp_engine=deepspeed for offload")),
     Rule("sequence parallel needs tp > 1", "sequence_parallel", ("tp", "sequence_parallel"),
          lambda x, c: ~c["sequence_parallel"].astype(bool) | (c["tp"] > 1),
          lambda x, r: "sequence_parallel needs tp > 1 (got tp=1)"),
@@ -142,9 +185,12 @@ RULES: tuple[Rule, ...] = LAYOUT_RULES + (
          lambda x, c: c["pp"] * c["virtual_stages"] <= x.model.num_layers,
          lambda x, r: (f"pp*virtual_stages = {r['pp']}*{r['virtual_stages']} must not exceed "
                        f"num_layers={x.model.num_layers}")),
+    Rule("uneven stages must divide as Megatron's", "first_stage_layers",
+         ("pp", "virtual_stages", "first_stage_layers", "last_stage_layers"),
+         _uneven_ok, _uneven_message),
     Rule("interleaving needs layers divisible by pp*virtual_stages", "virtual_stages",
          ("pp", "virtual_stages"),
-         lambda x, c: (c["virtual_stages"] == 1)
+         lambda x, c: (c["virtual_stages"] == 1) | _split(c)[2]
          | (x.model.num_layers % (c["pp"] * c["virtual_stages"]) == 0),
          lambda x, r: (f"num_layers={x.model.num_layers} must be divisible by pp*virtual_stages = "
                        f"{r['pp']}*{r['virtual_stages']} for the interleaved schedule")),

@@ -562,8 +562,19 @@ class Layout(Frozen):
     """Data-parallel degree (Nd); ZeRO partitions across these ranks."""
     virtual_stages: int = Field(default=1, gt=0)
     """Model chunks per pipeline rank for the interleaved 1F1B schedule (1 = plain 1F1B)."""
+    first_stage_layers: int | None = Field(default=None, gt=0)
+    """Blocks on the first pipeline stage, as Megatron-LM's `--decoder-first-pipeline-num-layers`
+    (None: the even split); the middle stages share the rest evenly (params.layers_per_stage)."""
+    last_stage_layers: int | None = Field(default=None, gt=0)
+    """Blocks on the last pipeline stage, as `--decoder-last-pipeline-num-layers` (None: even)."""
     zero_stage: Literal[0, 1, 2, 3] = 0
     """0 = DDP; 1 = optimizer states partitioned; 2 = + gradients; 3 = + parameters."""
+    dp_engine: Literal["deepspeed", "fsdp2"] = "deepspeed"
+    """Who runs the sharded data parallelism: DeepSpeed ZeRO, or PyTorch FSDP2 (`fully_shard`),
+    with zero_stage 3 = `reshard_after_forward=True` (re-gathered in backward) and 2 =
+    `reshard_after_forward=False` (kept gathered from forward to backward); the step model
+    follows each engine's schedule (planner/timing/sharded_dp.py). Memory: DeepSpeed's
+    accounting of the same stage (a named approximation for FSDP2's unit buffers)."""
     offload_optimizer: OffloadTarget = "none"
     """Where optimizer states (and the fp32 master copy) live: GPU (`none`), `cpu` or `nvme`."""
     offload_params: OffloadTarget = "none"

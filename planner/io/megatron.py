@@ -300,9 +300,23 @@ def _unsupported(args: Args) -> None:
             raise PlanInputError(flag, f"{args[flag]}: only 1 is modelled (the layout has no such axis)")
 
 
+def _uneven_stages(args: Args) -> dict[str, int | None]:
+    """`--decoder-first/last-pipeline-num-layers` as Layout fields (None when not given)."""
+    return {"first_stage_layers": _int(args, "--decoder-first-pipeline-num-layers")
+            if "--decoder-first-pipeline-num-layers" in args else None,
+            "last_stage_layers": _int(args, "--decoder-last-pipeline-num-layers")
+            if "--decoder-last-pipeline-num-layers" in args else None}
+
+
 def _virtual_stages(args: Args, num_layers: int, pp: int) -> int:
-    """Model chunks per pipeline rank: layers / (pp x --num-layers-per-virtual-pipeline-stage)."""
+    """Model chunks per pipeline rank: layers / (pp x --num-layers-per-virtual-pipeline-stage).
+    With uneven stages Megatron-LM takes only --num-virtual-stages-per-pipeline-rank
+    (arguments.py `validate_args`, commit d98e8a64)."""
     virtual = 1
+    if "--num-layers-per-virtual-pipeline-stage" in args and any(_uneven_stages(args).values()):
+        raise PlanInputError("--num-layers-per-virtual-pipeline-stage",
+                             "with --decoder-first/last-pipeline-num-layers use "
+                             "--num-virtual-stages-per-pipeline-rank (Megatron-LM arguments.py)")
     if "--num-layers-per-virtual-pipeline-stage" in args:
         per_virtual = _int(args, "--num-layers-per-virtual-pipeline-stage")
         if num_layers % (pp * per_virtual):
@@ -352,7 +366,7 @@ def job_from_megatron(launcher: Args, args: Args, num_gpus: int | None, name: st
     flash = bool(args.get("--use-flash-attn")) or args.get("--attention-backend") in ("flash", "fused")
     try:
         layout = Layout(
-            tp=tp, pp=pp, dp=dp, virtual_stages=virtual,
+            tp=tp, pp=pp, dp=dp, virtual_stages=virtual, **_uneven_stages(args),
             zero_stage=1 if args.get("--use-distributed-optimizer") else 0,
             sequence_parallel=bool(args.get("--sequence-parallel")) and tp > 1,  # off at tp=1
             flash_attention=flash, micro_batch=micro, grad_accum=batch // (micro * dp),
@@ -439,9 +453,15 @@ def _model_flags(model: ModelSpec) -> list[str]:
 
 def _layout_flags(model: ModelSpec, layout: Layout) -> list[str]:
     flags = ["--tensor-model-parallel-size", str(layout.tp), "--pipeline-model-parallel-size", str(layout.pp)]
-    if layout.virtual_stages > 1:  # there is no --virtual-pipeline-model-parallel-size flag
+    uneven = layout.first_stage_layers is not None or layout.last_stage_layers is not None
+    if layout.virtual_stages > 1 and uneven:  # arguments.py: uneven stages take this flag only
+        flags += ["--num-virtual-stages-per-pipeline-rank", str(layout.virtual_stages)]
+    elif layout.virtual_stages > 1:  # there is no --virtual-pipeline-model-parallel-size flag
         per_virtual = model.num_layers // (layout.pp * layout.virtual_stages)
         flags += ["--num-layers-per-virtual-pipeline-stage", str(per_virtual)]
+    for flag, value in (("--decoder-first-pipeline-num-layers", layout.first_stage_layers),
+                        ("--decoder-last-pipeline-num-layers", layout.last_stage_layers)):
+        flags += [flag, str(value)] if value is not None else []
     flags += ["--sequence-parallel"] if layout.sequence_parallel else []
     flags += ["--use-distributed-optimizer"] if layout.zero_stage == 1 else []
     if layout.recompute == "selective":

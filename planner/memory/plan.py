@@ -75,7 +75,9 @@ def validate_layout(model: ModelSpec, cluster: Cluster, layout: Layout, setup: T
 def plan_memory(model: ModelSpec, cluster: Cluster, layout: Layout, setup: TrainSetup) -> MemoryPlan:
     """Per-stage GPU bytes and busiest-node host bytes for a validated layout."""
     validate_layout(model, cluster, layout, setup)
-    stage_params = params.stage_params(model, layout.tp, layout.pp)
+    stage_params = params.stage_params(model, layout.tp, layout.pp,
+                                       first=layout.first_stage_layers,
+                                       last=layout.last_stage_layers)
     stage_acts = activations.stage_activations(
         model, layout, setup, [s.num_layers for s in stage_params]
     )

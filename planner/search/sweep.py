@@ -37,7 +37,8 @@ from planner.core import params
 from planner.timing import steptime
 from planner.core.errors import PlanInputError
 from planner.core import rules
-from planner.core.columns import OFFLOAD_TARGETS, LayoutColumns, group_rows, representatives
+from planner.core.columns import (DP_ENGINES, OFFLOAD_TARGETS, LayoutColumns, group_rows,
+                                  representatives)
 from planner.core.spec import (
     GIB, Cluster, EngineBuffers, Frozen, Layout, ModelSpec, OffloadTarget, TrainSetup)
 
@@ -57,6 +58,8 @@ class Constraints(Frozen):
     zero_stage: tuple[int, ...] | None = None
     offload_optimizer: tuple[OffloadTarget, ...] | None = None
     offload_params: tuple[OffloadTarget, ...] | None = None
+    dp_engine: tuple[str, ...] | None = None
+    """`Layout.dp_engine` values to search (deepspeed, fsdp2); None: both."""
     recompute: tuple[str, ...] | None = None
     sequence_parallel: tuple[bool, ...] | None = None
     micro_batch: tuple[int, ...] | None = None
@@ -115,15 +118,17 @@ def structures(model: ModelSpec, cluster: Cluster, setup: TrainSetup,
 
 def state_options(model: ModelSpec, cluster: Cluster, setup: TrainSetup,
                   c: Constraints) -> tuple[np.ndarray, dict[str, int]]:
-    """(zero stage, optimizer target, param target) rows as codes, allowed by the constraints
-    and the rule table (offload needs ZeRO, NVMe needs ZeRO-3 and a node with NVMe capacity and
-    bandwidth), and {rule: combinations it removed}."""
-    grid = [(z, o, p) for z in (0, 1, 2, 3) for o in range(3) for p in range(3)
+    """(zero stage, optimizer target, param target, dp engine) rows as codes, allowed by the
+    constraints and the rule table (offload needs ZeRO, NVMe needs ZeRO-3 and a node with NVMe
+    capacity and bandwidth, FSDP2 is ZeRO-2/3 without offload), and {rule: combinations it
+    removed}."""
+    grid = [(z, o, p, e) for z in (0, 1, 2, 3) for o in range(3) for p in range(3)
+            for e in range(len(DP_ENGINES))
             if _allowed(z, c.zero_stage) and _allowed(TARGETS[o], c.offload_optimizer)
-            and _allowed(TARGETS[p], c.offload_params)]
-    rows = _ints(grid).reshape(-1, 3)
+            and _allowed(TARGETS[p], c.offload_params) and _allowed(DP_ENGINES[e], c.dp_engine)]
+    rows = _ints(grid).reshape(-1, 4)
     cols = LayoutColumns(dict(zero_stage=rows[:, 0], offload_optimizer=rows[:, 1],
-                              offload_params=rows[:, 2]))
+                              offload_params=rows[:, 2], dp_engine=rows[:, 3]))
     ok, rejected = rules.mask(rules.Context(model, cluster, setup), cols)
     return rows[ok], rejected
 
@@ -174,7 +179,8 @@ def enumerate_layouts(model: ModelSpec, cluster: Cluster, setup: TrainSetup,
     pair, state, r, s = np.nonzero(keep)  # in C order: the enumeration order
     cols = pairs.take(pair).with_columns(
         zero_stage=states[state, 0], offload_optimizer=states[state, 1],
-        offload_params=states[state, 2], recompute=recompute[r], sequence_parallel=seq_par[s],
+        offload_params=states[state, 2], dp_engine=states[state, 3], recompute=recompute[r],
+        sequence_parallel=seq_par[s],
         recompute_every_k=np.ones(len(pair), dtype=np.int64))
     return cols, rejected
 
@@ -398,6 +404,10 @@ class SweepRow(Frozen):
     fits: bool
     reason: str = ""
     """For a rejected layout: every resource it overflows and by how much."""
+    variants: list[str] = []
+    """Near-identical layouts folded into this row (`collapse_variants`): the same layout with
+    another offload placement whose step time is within SAME_STEP_REL, as `optimizer/params`
+    offload targets, e.g. `cpu/none`."""
 
 
 class SweepResult(Frozen):
@@ -469,6 +479,35 @@ def rank_order(cols: dict[str, np.ndarray], idx: np.ndarray, sort: str,
     offload = cols["opt"][idx] + cols["par"][idx]
     order = np.lexsort((idx, -cols["headroom_bytes"][idx], offload, cols["step_s"][idx], key))
     return idx[order][:limit]
+
+
+SAME_STEP_REL = 0.005
+"""Step times closer than 0.5 % count as the same answer (a choice of this planner, not a
+measured figure: below the model's own error, docs/accuracy.md)."""
+_VARIANT_FIELDS = ("offload_optimizer", "offload_params")
+"""Fields a near-identical variant may differ in."""
+
+
+def collapse_variants(cands, cols: dict[str, np.ndarray], order: np.ndarray, top: int
+                      ) -> list[tuple[int, list[int]]]:
+    """Walk the ranked `order` and fold each layout into the first earlier one that differs
+    only in the offload placement and whose step time is within SAME_STEP_REL of it (both fit:
+    the caller passes fitting rows only). Returns up to `top` (kept row, folded rows)."""
+    keys = [name for name in cands if name not in _VARIANT_FIELDS]
+    kept: list[tuple[int, list[int]]] = []
+    by_key: dict[tuple, int] = {}
+    for i in (int(j) for j in order):
+        key = tuple(int(cands[name][i]) for name in keys)
+        if key in by_key:
+            head, folded = kept[by_key[key]]
+            if abs(cols["step_s"][i] / cols["step_s"][head] - 1) <= SAME_STEP_REL:
+                folded.append(i)
+                continue
+        if len(kept) == top:
+            continue
+        by_key.setdefault(key, len(kept))
+        kept.append((i, []))
+    return kept
 
 
 def overflow_reason(cols: dict[str, np.ndarray], i: int, cluster: Cluster) -> str:
@@ -557,12 +596,16 @@ def sweep(model: ModelSpec, cluster: Cluster, setup: TrainSetup, constraints: Co
     cols |= {"opt": cands["offload_optimizer"], "par": cands["offload_params"]}  # offload codes for tie-breaking
     ok = fit_masks(cols, cluster)
     fits = ok[0] & ok[1] & ok[2]
-    good = rank_order(cols, np.nonzero(fits)[0], sort, top)
+    # every offload combination of a layout may be a near-identical variant (3 x 3 targets)
+    ranked = rank_order(cols, np.nonzero(fits)[0], sort, top * 9)
+    good = collapse_variants(cands, cols, ranked, top)
     bad = rank_order(cols, np.nonzero(~fits)[0], "step-time", rejected)
     return SweepResult(
         **base, fitting=int(fits.sum()), rejected_gpu=int((~ok[0]).sum()),
         rejected_cpu=int((~ok[1]).sum()), rejected_nvme=int((~ok[2]).sum()),
-        top=[_row(cands, cols, int(i), c, cluster, True) for i in good],
+        top=[_row(cands, cols, i, c, cluster, True).model_copy(update={"variants": [
+            f"{layout_at(cands, j, c).offload_optimizer}/{layout_at(cands, j, c).offload_params}"
+            for j in folded]}) for i, folded in good],
         rejected=[_row(cands, cols, int(i), c, cluster, False) for i in bad],
         empty_reason="" if fits.any() else _why_nothing_fits(cols, ok, cluster),
         seconds=time.perf_counter() - start,

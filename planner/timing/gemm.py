@@ -156,3 +156,40 @@ def backward_gemms(forward: tuple[Gemm, ...]) -> tuple[Gemm, ...]:
         out += [Gemm(f"{g.name}_dgrad", g.m, g.k, g.n, g.count),
                 Gemm(f"{g.name}_wgrad", g.k, g.n, g.m, g.count)]
     return tuple(out)
+
+
+def shape_factor(gpu: GpuSpec, dtype: str, m, n, k, element_bytes: int = 2):
+    """How a GEMM of this shape fares relative to the GPU's best measured GEMM: the table
+    interpolated at its arithmetic intensity over the table's largest efficiency (1 when the
+    GPU has no point for the dtype: no shape information beyond the roofline)."""
+    points = table_points(gpu, dtype)
+    ai = arithmetic_intensity(m, n, k, element_bytes)
+    if not points:
+        return np.ones_like(ai)
+    p_ai = [arithmetic_intensity(p.m, p.n, p.k, element_bytes) for p in points]
+    best = max(p.efficiency for p in points)
+    return interpolate_in_intensity(ai, p_ai, [p.efficiency for p in points]) / best
+
+
+def in_training_efficiency(gpu: GpuSpec, dtype: str, level, m, n, k, element_bytes: int = 2):
+    """A GEMM's efficiency inside a training step: `level` (the profile's `achieved_efficiency`,
+    the in-training efficiency of the large GEMMs, fitted on in-sample published runs) times
+    `shape_factor`, capped by the roofline. Named approximation: the gap between an isolated
+    GEMM benchmark and the same GEMM in a training step is one factor per GPU."""
+    ai = arithmetic_intensity(m, n, k, element_bytes)
+    roof = roofline_fraction(ai, gpu.peak_flops_per_s(dtype), gpu.hbm_bytes_per_s)
+    return np.minimum(level * shape_factor(gpu, dtype, m, n, k, element_bytes), roof)
+
+
+def block_efficiency(gpu: GpuSpec, dtype: str, level, gemms: tuple[Gemm, ...],
+                     element_bytes: int = 2):
+    """One efficiency for a block's GEMMs (forward and backward): total FLOPs over the sum of
+    each GEMM's FLOPs / its own efficiency, i.e. the block's matmul time is exactly the sum of
+    its GEMMs' times at their shapes."""
+    total, weighted = 0.0, 0.0
+    for g in gemms:
+        f = g.count * gemm_flops(g.m, g.n, g.k)
+        total = total + f
+        weighted = weighted + f / in_training_efficiency(gpu, dtype, level, g.m, g.n, g.k,
+                                                         element_bytes)
+    return total / weighted

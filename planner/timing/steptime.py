@@ -10,14 +10,18 @@ group holds `min(dp, gpus_per_node // tp)` ranks per node, and pipeline neighbou
 different nodes as soon as the job spans more than one node (the slowest boundary sets the pace).
 When every GPU of a node talks off-node at once, each gets `inter_node_bw / gpus_per_node`.
 
-Matmuls run at `efficiency` x dense peak (the GPU profile's matmul-level `achieved_efficiency`,
-fitted to Narayanan et al. 2021 Table 1 by benchmarks/published_runs.py; docs/accuracy.md);
-element-wise kernels and the optimizer step run at HBM bandwidth, on top.
+Matmuls: each block GEMM at its real shape under tp and micro-batch (`matmul_efficiency`,
+planner/timing/gemm.py: the profile's in-training `achieved_efficiency` times the measured
+GEMM table's shape factor, capped by the roofline), or the `--efficiency` override as one
+constant. Element-wise kernels and the optimizer step run at HBM bandwidth, on top.
+Data-parallel collectives: NCCL flat rings per network level (planner/timing/collectives.py);
+ZeRO-3 re-gathers every layer in forward and backward on every micro-batch, overlapped as far as
+DeepSpeed's prefetch limits allow (planner/timing/sharded_dp.py; docs/collectives.md).
 
 Named approximations: compute is spread evenly over tp and dp ranks, and over pipeline stages
-by the largest stage's layer count (embedding and logits imbalance ignored); collectives run at
-link bandwidth and kernels at the sheet HBM bandwidth (no protocol / achieved-bandwidth factor);
-element-wise backward traffic is taken as twice the forward's.
+by the largest stage's layer count (embedding and logits imbalance ignored); kernels at the
+sheet HBM bandwidth (no achieved-bandwidth factor); element-wise backward traffic is taken as
+twice the forward's.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from planner.core import flops as flops_mod
 from planner.core import params
 from planner.core.columns import RECOMPUTE_MODES, LayoutColumns
 from planner.core.errors import PlanInputError
+from planner.timing import collectives, gemm, sharded_dp
 from planner.memory.model_states import DEFAULT_BUFFERS
 from planner.core.recipes import optimizer_bytes_per_param
 from planner.core.spec import GB, US, Cluster, EngineBuffers, Frozen, Layout, ModelSpec, TrainSetup
@@ -84,16 +89,6 @@ def ring_collective_s(size_bytes, ranks, bw_bytes_per_s, latency_s, passes):
     in N-1 steps. passes=1: reduce-scatter or all-gather; passes=2: all-reduce (2(N-1)/N)."""
     steps = ranks - 1  # ring steps per pass
     return passes * (steps / ranks * size_bytes / bw_bytes_per_s + steps * latency_s)
-
-
-def hierarchical_collective_s(size_bytes, intra_ranks, inter_ranks, intra_bw, intra_lat,
-                              inter_bw, inter_lat, passes):
-    """Two-level ring: over the node's ranks on the intra-node link, then each GPU's 1/intra
-    shard over the inter-node ranks on its share of the NIC (hierarchical all-reduce as in
-    NCCL / Horovod; the all-reduce is reduce-scatter then all-gather at both levels)."""
-    intra = ring_collective_s(size_bytes, intra_ranks, intra_bw, intra_lat, passes)
-    inter = ring_collective_s(size_bytes / intra_ranks, inter_ranks, inter_bw, inter_lat, passes)
-    return intra + inter
 
 
 # --------------------------------------------------------------------------- terms
@@ -161,10 +156,14 @@ def pp_comm_time_s(pp, micro_batches, virtual_stages, send_bytes, bw, lat, gathe
     return np.where(pp > 1, sends * (lat + send_bytes / bw + gather_s), 0.0)
 
 
-def bubble_time_s(pp, micro_batches, virtual_stages, ideal_s):
+def bubble_time_s(pp, micro_batches, virtual_stages, ideal_s, fill_stages=None):
     """1F1B bubble (p-1)/m of the ideal time, divided by v for the interleaved schedule
-    (Narayanan et al. 2021 §2.2.1-2.2.2)."""
-    return (pp - 1) / (micro_batches * virtual_stages) * ideal_s
+    (Narayanan et al. 2021 §2.2.1-2.2.2). The p-1 is the fill and drain through the other
+    stages in units of the slowest stage's time; with uneven stages (`fill_stages`) it is
+    (num_layers - largest stage's layers) / largest stage's layers (a stage's time taken
+    proportional to its layers; embedding and logits not counted)."""
+    fill = pp - 1 if fill_stages is None else fill_stages
+    return fill / (micro_batches * virtual_stages) * ideal_s
 
 
 def last_bucket_bytes(zero_stage, grad_bytes, reduce_bucket_elements=DEFAULT_BUFFERS.reduce_bucket_elements,
@@ -182,17 +181,15 @@ def exposed_s(comm_s, window_s, floor_s=0.0):
 
 def dp_comm_times_s(zero_stage, micro_batches, grad_half_s, param_half_s, bucket_half_s,
                     fwd_mb_s, bwd_mb_s):
-    """(total, exposed) data-parallel time per step from one-pass (RS or AG) collective times.
+    """(total, exposed) data-parallel time per step for DDP and ZeRO-1/2 from one-pass (RS or
+    AG) collective times (ZeRO-3: `zero3_comm`).
 
     Volumes (seed 001 §2, seed 002 Summary): DDP all-reduces gradients (2 passes, 2Φ);
-    ZeRO-1/2 reduce-scatter gradients + all-gather updated parameters (2Φ); ZeRO-3 all-gathers
-    parameters in forward and in backward and reduce-scatters gradients (3Φ).
+    ZeRO-1/2 reduce-scatter gradients + all-gather updated parameters (2Φ).
     Overlap (Li et al. 2020 §3.2.3, bucketed reduction during backward): DDP/ZeRO-1 keep whole
     gradients, so they reduce once per step behind the last micro-batch's backward, except the
     last bucket; ZeRO-2 keeps only its gradient shard, so it reduce-scatters every micro-batch
-    (seed 002 §ZeRO-2); ZeRO-3 prefetches parameters behind forward/backward every micro-batch
-    (seed 002: "FSDP overlaps communication with compute"). The ZeRO-1/2 parameter all-gather
-    after the optimizer step is exposed.
+    (seed 002 §ZeRO-2). The ZeRO-1/2 parameter all-gather after the optimizer step is exposed.
     """
     m = micro_batches
     ddp_total = 2 * grad_half_s
@@ -201,12 +198,51 @@ def dp_comm_times_s(zero_stage, micro_batches, grad_half_s, param_half_s, bucket
     z1_exposed = exposed_s(grad_half_s, bwd_mb_s, bucket_half_s) + param_half_s
     z2_total = m * grad_half_s + param_half_s
     z2_exposed = m * exposed_s(grad_half_s, bwd_mb_s, bucket_half_s) + param_half_s
-    z3_total = m * (2 * param_half_s + grad_half_s)
-    z3_exposed = m * (exposed_s(param_half_s, fwd_mb_s)
-                      + exposed_s(param_half_s + grad_half_s, bwd_mb_s, bucket_half_s))
-    total = np.choose(zero_stage, [ddp_total, z1_total, z2_total, z3_total])
-    exposed = np.choose(zero_stage, [ddp_exposed, z1_exposed, z2_exposed, z3_exposed])
+    stage = np.minimum(zero_stage, 2)
+    total = np.choose(stage, [ddp_total, z1_total, z2_total])
+    exposed = np.choose(stage, [ddp_exposed, z1_exposed, z2_exposed])
     return total, exposed
+
+
+def dp_collective_s(r: "Rates", collective, size_bytes, dp_local, dp):
+    """One collective over the data-parallel group as NCCL runs it: a flat ring over `dp_local`
+    GPUs per node on dp / dp_local nodes, the network part on the group's NIC shares
+    (`collectives.flat_ring_s`, docs/collectives.md §2-3)."""
+    return collectives.flat_ring_s(collective, size_bytes, dp_local, dp / dp_local, r.intra_bw,
+                                   r.intra_lat, r.inter_bw_per_gpu, r.inter_lat)
+
+
+def zero3_comm(r: "Rates", layers, stage_params, dp_local, dp, micro_batches, sizes: "ByteSizes",
+               fwd_mb_s, bwd_mb_s):
+    """DeepSpeed ZeRO-3 per step (`sharded_dp.zero3_step`): each layer's parameters
+    all-gathered in forward and again in backward on every micro-batch, its gradients
+    reduce-scattered in backward, overlapped as far as DeepSpeed's prefetch bucket and
+    max-live limit allow (`deepspeed_prefetch_fraction`); the first gather and the last
+    reduce-scatter exposed. Named approximation: the stage's parameters spread evenly over its
+    layers (embedding included)."""
+    layer_params = stage_params / layers
+    gather = dp_collective_s(r, "all_gather", layer_params * sizes.param_bytes, dp_local, dp)
+    reduce = dp_collective_s(r, "reduce_scatter", layer_params * sizes.grad_bytes, dp_local, dp)
+    prefetch = sharded_dp.deepspeed_prefetch_fraction(
+        layer_params, sizes.buffers.prefetch_bucket_elements, sizes.buffers.max_live_parameters)
+    return sharded_dp.zero3_step(gather, reduce, fwd_mb_s / layers, bwd_mb_s / layers, layers,
+                                 micro_batches, prefetch)
+
+
+def fsdp2_comm(r: "Rates", layers, stage_params, dp_local, dp, micro_batches, sizes: "ByteSizes",
+               fwd_mb_s, bwd_mb_s, reshard_after_forward):
+    """PyTorch FSDP2 per step (`sharded_dp.fsdp2_step`), one `fully_shard` unit per block:
+    all-gathers prefetched one unit ahead in forward and, with reshard_after_forward (ZeRO-3
+    rows), again in backward; gradients reduce-scattered per unit on every micro-batch (torch
+    2.13 `_fully_shard`; docs/collectives.md §4). Same per-layer sizes as `zero3_comm`."""
+    layer_params = stage_params / layers
+    gather = dp_collective_s(r, "all_gather", layer_params * sizes.param_bytes, dp_local, dp)
+    reduce = dp_collective_s(r, "reduce_scatter", layer_params * sizes.grad_bytes, dp_local, dp)
+    args = (gather, reduce, fwd_mb_s / layers, bwd_mb_s / layers, layers, micro_batches)
+    again = sharded_dp.fsdp2_step(*args, reshard_after_forward=True)
+    kept = sharded_dp.fsdp2_step(*args, reshard_after_forward=False)
+    pick = np.asarray(reshard_after_forward, dtype=bool)
+    return sharded_dp.DpCommTime(*(np.where(pick, a, b) for a, b in zip(again, kept)))
 
 
 def optimizer_offload_s(offloaded, shard_params, grad_bytes, param_bytes, params_on_gpu,
@@ -348,6 +384,11 @@ class StageWork:
     fwd_flops: object
     bwd_flops: object
     recompute_flops: object
+    efficiency: object
+    """Matmul efficiency of each row (`matmul_efficiency`)."""
+    fill_stages: object
+    """(num_layers - layers) / layers: the pipeline fill in slowest-stage units (pp - 1 when
+    the stages are even; `bubble_time_s`)."""
 
 
 @dataclass(frozen=True)
@@ -368,41 +409,51 @@ def compute_terms(r: Rates, cols: LayoutColumns, work: StageWork) -> dict:
     windows that hide data-parallel and offload traffic). Reads tp, pp, virtual_stages,
     sequence_parallel and grad_accum (and, through `work`, recompute and micro_batch)."""
     m, layers = cols["grad_accum"], work.layers
-    compute = compute_time_s(work.fwd_flops + work.bwd_flops, r.peak_flops_per_s, r.efficiency)
-    recompute = compute_time_s(work.recompute_flops, r.peak_flops_per_s, r.efficiency)
+    eff = work.efficiency
+    compute = compute_time_s(work.fwd_flops + work.bwd_flops, r.peak_flops_per_s, eff)
+    recompute = compute_time_s(work.recompute_flops, r.peak_flops_per_s, eff)
     memory = m * layers * work.elementwise_bytes / r.hbm_bw  # memory-bound kernels, not overlapped
     memory_fwd = m * layers * work.elementwise_fwd_bytes / r.hbm_bw
-    fwd_mb = (compute_time_s(work.fwd_flops, r.peak_flops_per_s, r.efficiency) + memory_fwd) / m
+    fwd_mb = (compute_time_s(work.fwd_flops, r.peak_flops_per_s, eff) + memory_fwd) / m
     bwd_mb = (compute + recompute + memory) / m - fwd_mb
     tp_comm, pp_comm = model_parallel_comm_s(r, cols["tp"], cols["pp"], cols["virtual_stages"], m,
                                              layers, work.act_bytes, cols["sequence_parallel"],
                                              work.tp_allreduces)
-    bubble = bubble_time_s(cols["pp"], m, cols["virtual_stages"], compute + recompute + memory + tp_comm)
+    bubble = bubble_time_s(cols["pp"], m, cols["virtual_stages"],
+                           compute + recompute + memory + tp_comm, work.fill_stages)
     return dict(compute_s=compute, recompute_s=recompute, memory_bound_s=memory,
                 tp_comm_s=tp_comm, pp_comm_s=pp_comm, bubble_s=bubble,
                 fwd_mb_s=fwd_mb, bwd_mb_s=bwd_mb)
 
 
-def state_terms(r: Rates, cols: LayoutColumns, stage_params, shard_params, sizes: ByteSizes,
-                fwd_mb_s, bwd_mb_s) -> dict:
+def state_terms(r: Rates, cols: LayoutColumns, layers, stage_params, shard_params,
+                sizes: ByteSizes, fwd_mb_s, bwd_mb_s) -> dict:
     """Data-parallel / ZeRO collectives, offload traffic and the optimizer step of each row,
-    hidden behind the micro-batch windows of `compute_terms`; `stage_params`, `shard_params` as
-    in `StageWork`."""
+    hidden behind the micro-batch windows of `compute_terms`; `layers`, `stage_params`,
+    `shard_params` as in `StageWork`. Every DP collective is a flat NCCL ring on the group's
+    real bandwidth per level (`dp_collective_s`); ZeRO-3 follows DeepSpeed's per-layer,
+    per-micro-batch schedule (`zero3_comm`)."""
     node, m = r.gpus_per_node, cols["grad_accum"]
     tp, dp, zero = cols["tp"], cols["dp"], cols["zero_stage"]
     opt_target, param_target = cols["offload_optimizer"], cols["offload_params"]
     grad_b, param_b = sizes.grad_bytes, sizes.param_bytes
     dp_local = np.minimum(np.maximum(node // tp, 1), dp)  # dp ranks sharing a node
 
-    def half(size_bytes):  # one reduce-scatter or all-gather over the dp group
-        return hierarchical_collective_s(size_bytes, dp_local, dp / dp_local, r.intra_bw,
-                                         r.intra_lat, r.inter_bw_per_gpu, r.inter_lat, 1)
+    def half(size_bytes):  # one reduce-scatter (= all-gather time) over the dp group
+        return dp_collective_s(r, "reduce_scatter", size_bytes, dp_local, dp)
 
     bucket = last_bucket_bytes(zero, grad_b, sizes.buffers.reduce_bucket_elements,
                                sizes.buffers.ddp_bucket_bytes)
     dp_total, dp_exposed = dp_comm_times_s(
         zero, m, half(stage_params * grad_b), half(stage_params * param_b),
         half(np.minimum(bucket, stage_params * grad_b)), fwd_mb_s, bwd_mb_s)
+    z3 = zero3_comm(r, layers, stage_params, dp_local, dp, m, sizes, fwd_mb_s, bwd_mb_s)
+    fsdp = fsdp2_comm(r, layers, stage_params, dp_local, dp, m, sizes, fwd_mb_s, bwd_mb_s,
+                      zero == 3)
+    engine = cols["dp_engine"] if "dp_engine" in cols else np.zeros_like(zero)
+    dp_total = np.where(engine == 1, fsdp.total_s, np.where(zero == 3, z3.total_s, dp_total))
+    dp_exposed = np.where(engine == 1, fsdp.exposed_s,
+                          np.where(zero == 3, z3.exposed_s, dp_exposed))
     offloaded, shard = opt_target > 0, shard_params
     offload = (optimizer_offload_s(offloaded, shard, grad_b, param_b, param_target == 0,
                                    r.pcie_bw, bwd_mb_s)
@@ -425,8 +476,9 @@ def step_terms(r: Rates, cols: LayoutColumns, work: StageWork, sizes: ByteSizes)
     """Every time term of one step, for each row of the layout columns: `compute_terms`, then
     `state_terms` in their windows, and `step_s` the sum of the exposed ones."""
     terms = compute_terms(r, cols, work)
-    return _with_step(terms | state_terms(r, cols, work.stage_params, work.shard_params, sizes,
-                                          terms["fwd_mb_s"], terms["bwd_mb_s"]))
+    return _with_step(terms | state_terms(r, cols, work.layers, work.stage_params,
+                                          work.shard_params, sizes, terms["fwd_mb_s"],
+                                          terms["bwd_mb_s"]))
 
 
 def _with_step(terms: dict) -> dict:
@@ -452,15 +504,35 @@ def tp_allreduces_per_layer(recompute) -> int:
     return 6 if recompute == "full" else 4
 
 
-def stage_layers_and_params(model: ModelSpec, tp: int, pp: int) -> tuple[int, int]:
-    """Layers and per-GPU parameters of the largest pipeline stage (params.stage_params)."""
-    stages = params.stage_params(model, tp, pp)
+def stage_layers_and_params(model: ModelSpec, tp: int, pp: int, first: int | None = None,
+                            last: int | None = None) -> tuple[int, int]:
+    """Layers and per-GPU parameters of the largest pipeline stage (params.stage_params;
+    `first` / `last`: uneven stage sizes)."""
+    stages = params.stage_params(model, tp, pp, first=first, last=last)
     return max(s.num_layers for s in stages), max(s.total for s in stages)
 
 
 def zero_shard_params(stage_params, dp, zero):
     """Parameters whose optimizer step this GPU owns: the stage shard / dp under ZeRO >= 1."""
     return np.where(zero > 0, stage_params / dp, stage_params)
+
+
+def matmul_efficiency(model: ModelSpec, cluster: Cluster, setup: TrainSetup, level, micro_batch,
+                      tp, flash_attention: bool, override: float | None = None):
+    """Efficiency of each row's matmuls: the `--efficiency` override as one constant, otherwise
+    one block's forward and backward GEMMs each at its real shape under tp and micro-batch
+    (`gemm.block_efficiency`; `level` = the profile's `achieved_efficiency`). Named
+    approximations: the logits GEMM and MoE routing are not in the mix (an MoE block's expert
+    GEMMs are taken at all T tokens of the micro-batch)."""
+    if override is not None:
+        return override
+    width = model.expert_ffn_size if model.is_moe else model.ffn_hidden_size
+    fwd = gemm.forward_gemms(model.hidden_size, width, model.num_heads, model.kv_heads,
+                             model.head_size, setup.seq_len, micro_batch, tp,
+                             swiglu=model.mlp == "swiglu", flash_attention=flash_attention)
+    dtype = setup.precision.compute_dtype
+    return gemm.block_efficiency(cluster.gpu, dtype, level, fwd + gemm.backward_gemms(fwd),
+                                 setup.precision.activation_bytes)
 
 
 def step_columns(model: ModelSpec, cluster: Cluster, setup: TrainSetup, cols: LayoutColumns,
@@ -498,14 +570,17 @@ def step_columns(model: ModelSpec, cluster: Cluster, setup: TrainSetup, cols: La
         elementwise_bytes=elementwise_step_bytes(token_b, score_b, elementwise_code),
         elementwise_fwd_bytes=token_b + score_b,
         fwd_flops=per_mode("forward_flops") * per_gpu, bwd_flops=per_mode("backward_flops") * per_gpu,
-        recompute_flops=per_mode("recompute_flops") * per_gpu)
+        recompute_flops=per_mode("recompute_flops") * per_gpu,
+        efficiency=matmul_efficiency(model, cluster, setup, r.efficiency, b, cols["tp"],
+                                     flash_attention, efficiency),
+        fill_stages=(model.num_layers - layers) / layers)
     sizes = ByteSizes(grad_bytes=prec.grad_bytes, param_bytes=prec.param_bytes,
                       optimizer_bytes=optimizer_bytes_per_param(prec, setup.optimizer),
                       buffers=buffers)
     terms = step_terms(r, cols, work, sizes)
     rates = rate_terms(r, terms["step_s"], setup.global_batch * setup.seq_len,
                        per_mode("model_flops"), per_mode("hardware_flops"), setup.train_tokens)
-    out = {**terms, **rates, "efficiency": r.efficiency}
+    out = {**terms, **rates, "efficiency": work.efficiency}
     return {k: _float_column(v, rec.shape) for k, v in out.items()}
 
 
@@ -522,7 +597,9 @@ def estimate_step(model: ModelSpec, cluster: Cluster, layout: Layout, setup: Tra
     if layout.num_gpus != cluster.num_gpus:
         raise PlanInputError("layout", f"tp*pp*dp = {layout.num_gpus} must equal the cluster's "
                                        f"GPUs {cluster.num_gpus}")
-    layers, stage_params = stage_layers_and_params(model, layout.tp, layout.pp)
+    layers, stage_params = stage_layers_and_params(model, layout.tp, layout.pp,
+                                                   layout.first_stage_layers,
+                                                   layout.last_stage_layers)
     cols = step_columns(model, cluster, setup, LayoutColumns.from_layout(layout),
                         np.array([layers]), np.array([stage_params]),
                         flash_attention=layout.flash_attention, buffers=layout.buffers,

@@ -118,6 +118,17 @@ PpOpt = Annotated[Optional[int], typer.Option("--pp", min=1, callback=int64, hel
 DpOpt = Annotated[Optional[int], typer.Option("--dp", min=1, callback=int64, help=_DP, rich_help_panel=LAYOUT)]
 VirtualStagesOpt = Annotated[Optional[int], typer.Option(
     "--virtual-stages", min=1, callback=int64, help=_VP, rich_help_panel=LAYOUT)]
+_FIRST = ("Blocks on the first pipeline stage, as Megatron-LM's "
+          "--decoder-first-pipeline-num-layers (default: the even split).")
+_LAST = ("Blocks on the last pipeline stage, as Megatron-LM's "
+         "--decoder-last-pipeline-num-layers (default: the even split).")
+FirstStageLayersOpt = Annotated[Optional[int], typer.Option(
+    "--first-stage-layers", min=1, callback=int64, help=_FIRST, rich_help_panel=LAYOUT)]
+LastStageLayersOpt = Annotated[Optional[int], typer.Option(
+    "--last-stage-layers", min=1, callback=int64, help=_LAST, rich_help_panel=LAYOUT)]
+DpEngineOpt = Annotated[Optional[str], typer.Option(
+    "--dp-engine", help="Sharded data parallelism engine: deepspeed (ZeRO) or fsdp2 (PyTorch "
+    "fully_shard; --zero 3 = reshard_after_forward true, 2 = false).", rich_help_panel=LAYOUT)]
 ZeroOpt = Annotated[Optional[int], typer.Option("--zero", min=0, max=3, help=_ZERO, rich_help_panel=LAYOUT)]
 OffloadOptimizerOpt = Annotated[Optional[str], typer.Option(
     "--offload-optimizer", help=_OFFLOAD_OPT, rich_help_panel=LAYOUT)]

@@ -26,6 +26,9 @@ def export(
     pp: opt.PpOpt = None,
     dp: opt.DpOpt = None,
     vp: opt.VirtualStagesOpt = None,
+    first_stage_layers: opt.FirstStageLayersOpt = None,
+    dp_engine: opt.DpEngineOpt = None,
+    last_stage_layers: opt.LastStageLayersOpt = None,
     zero: opt.ZeroOpt = None,
     offload_optimizer: opt.OffloadOptimizerOpt = None,
     offload_params: opt.OffloadParamsOpt = None,
@@ -62,7 +65,8 @@ def export(
 
         refuse_existing(output, force)  # before any work: nothing is written on a refusal
     layout_fields = dict(
-        tp=tp, pp=pp, dp=dp, virtual_stages=vp, zero_stage=zero, offload_optimizer=offload_optimizer,
+        tp=tp, pp=pp, dp=dp, virtual_stages=vp, first_stage_layers=first_stage_layers,
+        last_stage_layers=last_stage_layers, dp_engine=dp_engine, zero_stage=zero, offload_optimizer=offload_optimizer,
         offload_params=offload_params, recompute=recompute, recompute_every_k=recompute_every_k,
         sequence_parallel=sequence_parallel, flash_attention=flash_attention, micro_batch=micro_batch,
         grad_accum=grad_accum,

@@ -23,6 +23,9 @@ def fit(
     pp: opt.PpOpt = None,
     dp: opt.DpOpt = None,
     vp: opt.VirtualStagesOpt = None,
+    first_stage_layers: opt.FirstStageLayersOpt = None,
+    dp_engine: opt.DpEngineOpt = None,
+    last_stage_layers: opt.LastStageLayersOpt = None,
     zero: opt.ZeroOpt = None,
     offload_optimizer: opt.OffloadOptimizerOpt = None,
     offload_params: opt.OffloadParamsOpt = None,
@@ -39,6 +42,7 @@ def fit(
     precision: opt.PrecisionOpt = None,
     optimizer: opt.OptimizerOpt = None,
     calibration: opt.CalibrationOpt = None,
+    efficiency: opt.EfficiencyOpt = None,
     profiles: opt.ProfilesOpt = None,
     json_out: opt.JsonOpt = False,
     plot: opt.PlotOpt = None,
@@ -64,9 +68,11 @@ def fit(
     tokens = tokens if tokens is not None else opt.DEFAULT_TOKENS
     precision = precision or opt.DEFAULT_PRECISION
     optimizer = optimizer or opt.DEFAULT_OPTIMIZER
-    efficiency = fitting.calibrated_efficiency(calibration, hardware, precision)
+    if efficiency is None:  # --efficiency overrides the calibration file, as on sweep
+        efficiency = fitting.calibrated_efficiency(calibration, hardware, precision)
     layout_fields = dict(
-        tp=tp, pp=pp, dp=dp, virtual_stages=vp, zero_stage=zero, offload_optimizer=offload_optimizer,
+        tp=tp, pp=pp, dp=dp, virtual_stages=vp, first_stage_layers=first_stage_layers,
+        last_stage_layers=last_stage_layers, dp_engine=dp_engine, zero_stage=zero, offload_optimizer=offload_optimizer,
         offload_params=offload_params, recompute=recompute, recompute_every_k=recompute_every_k,
         sequence_parallel=sequence_parallel, flash_attention=flash_attention,
         tempo=opt.tempo_techniques(tempo) or None, micro_batch=micro_batch, grad_accum=grad_accum,

@@ -17,7 +17,7 @@ from planner.search.sweep import SweepResult, SweepRow
 def layout_label(row: SweepRow) -> str:
     """Short description of the non-default choices: `z3 off=cpu/- rc=sel sp`."""
     lay = row.layout
-    parts = [f"z{lay.zero_stage}"]
+    parts = [f"z{lay.zero_stage}" + (" fsdp2" if lay.dp_engine == "fsdp2" else "")]
     if lay.offload_optimizer != "none" or lay.offload_params != "none":
         parts.append(f"off={lay.offload_optimizer.replace('none', '-')}/"
                      f"{lay.offload_params.replace('none', '-')}")
@@ -49,6 +49,12 @@ def ranked_table(result: SweepResult) -> Table:
                       f"{est.gpu_hours:,.0f}", f"{row.gpu_peak_bytes / GIB:,.1f}",
                       f"{row.headroom_bytes / GIB:,.1f}")
     return table
+
+
+def variant_notes(result: SweepResult) -> list[str]:
+    """One line per ranked row that folds near-identical layouts (sweep.collapse_variants)."""
+    return [f"#{rank} also as offload optimizer/params {', '.join(row.variants)} (same fit, "
+            f"step within 0.5 %)" for rank, row in enumerate(result.top, start=1) if row.variants]
 
 
 def breakdown_table(row: SweepRow) -> Table:
@@ -103,6 +109,8 @@ def render(console: Console, results: list[SweepResult]) -> None:
     for result in results:
         if result.top:
             console.print(ranked_table(result))
+            for line in variant_notes(result):
+                console.print(line, soft_wrap=True, highlight=False)
             console.print(breakdown_table(result.top[0]))
         else:
             console.print(f"[bold]{result.model} on {result.cluster}, {result.num_gpus} GPUs:[/] "
@@ -126,6 +134,7 @@ def flat_row(result: SweepResult, row: SweepRow) -> dict[str, Any]:
     """Every column of one row, flat (CSV)."""
     out: dict[str, Any] = {"num_gpus": result.num_gpus, "fits": row.fits}
     out |= {k: v for k, v in row.layout.model_dump().items() if k != "tempo"}
+    out["variants"] = ";".join(row.variants)
     out |= row.estimate.model_dump()
     out |= {k: getattr(row, k) for k in ("gpu_peak_bytes", "peak_stage", "headroom_bytes",
                                          "node_cpu_bytes", "node_nvme_bytes", "reason")}
