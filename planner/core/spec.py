@@ -650,3 +650,7 @@ class TrainSetup(Frozen):
     """Bytes of parameters, gradients, master copy and activations (planner.recipes)."""
     optimizer: Optimizer
     """The optimizer's states per parameter (planner.recipes)."""
+    reserve_gib: float | None = Field(default=None, ge=0)
+    """Runtime reserve per GPU, GiB, replacing the profile's CUDA context, NCCL, cuBLAS and
+    fragmentation parts (`--reserve`); None: those parts from the GPU profile
+    (planner.memory.reserve, docs/reserve.md)."""

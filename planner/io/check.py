@@ -34,15 +34,25 @@ class CheckResult(Frozen):
 
 
 def check(model: ModelSpec, cluster: Cluster, layout: Layout, setup: TrainSetup,
-          source: Source = "job", notes: Sequence[str] = ()) -> CheckResult:
-    """Plan the memory of validated inputs (plan_memory validates the cross-field rules)."""
+          source: Source = "job", notes: Sequence[str] = (), *, reserve_gib: float | None = None,
+          cpu_mem_gib: float | None = None) -> CheckResult:
+    """Plan the memory of validated inputs (plan_memory validates the cross-field rules).
+    `reserve_gib` / `cpu_mem_gib` (`--reserve`, `--cpu-mem-gib`) replace the setup's reserve and
+    the nodes' host RAM when given."""
+    if reserve_gib is not None:
+        setup = setup.model_copy(update={"reserve_gib": reserve_gib})
+    if cpu_mem_gib is not None:
+        from planner.memory.host import with_cpu_memory
+
+        cluster = with_cpu_memory(cluster, cpu_mem_gib)
     plan = plan_memory(model, cluster, layout, setup)
     return CheckResult(source=source, model=model, cluster=cluster, layout=layout, setup=setup,
                        plan=plan, notes=tuple(notes))
 
 
 def check_deepspeed(path: Path, model: ModelSpec, cluster: Cluster, *, num_gpus: int | None,
-                    seq_len: int, tokens: float, optimizer: str, **numbers: Any) -> CheckResult:
+                    seq_len: int, tokens: float, optimizer: str, reserve_gib: float | None = None,
+                    cpu_mem_gib: float | None = None, **numbers: Any) -> CheckResult:
     """A DeepSpeed config on `num_gpus` GPUs of the cluster (default: all of them).
 
     `numbers` are the job's values for "auto" keys and the layout fields the JSON cannot say:
@@ -56,11 +66,13 @@ def check_deepspeed(path: Path, model: ModelSpec, cluster: Cluster, *, num_gpus:
                                 tp=numbers.pop("tp", None) or 1, pp=numbers.pop("pp", None) or 1,
                                 hidden_size=model.hidden_size, **numbers)
     setup = make_setup(seq_len, job.global_batch, tokens, job.precision, optimizer)
-    return check(model, hardware, job.layout, setup, "deepspeed", job.notes)
+    return check(model, hardware, job.layout, setup, "deepspeed", job.notes,
+                 reserve_gib=reserve_gib, cpu_mem_gib=cpu_mem_gib)
 
 
 def check_megatron(path: Path, cluster: Cluster, *, num_gpus: int | None, tokens: float | None,
-                   optimizer: str | None, default_tokens: float) -> CheckResult:
+                   optimizer: str | None, default_tokens: float, reserve_gib: float | None = None,
+                   cpu_mem_gib: float | None = None) -> CheckResult:
     """A Megatron-LM launch line: the model from its flags, GPUs from torchrun's flags, the
     command line's --gpus, or the whole cluster, in that order. Tokens: `tokens`, else the
     line's --train-samples / --train-iters, else `default_tokens`."""
@@ -80,4 +92,5 @@ def check_megatron(path: Path, cluster: Cluster, *, num_gpus: int | None, tokens
         notes = (*notes, f"the launch line runs {job.layout.num_gpus} processes: checked on "
                          f"{job.layout.num_gpus} of the {cluster.num_gpus} GPUs of {cluster.name} "
                          "(the launch line wins over the cluster's size)")
-    return check(job.model, hardware, job.layout, setup, "megatron", notes)
+    return check(job.model, hardware, job.layout, setup, "megatron", notes,
+                 reserve_gib=reserve_gib, cpu_mem_gib=cpu_mem_gib)

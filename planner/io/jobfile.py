@@ -53,6 +53,8 @@ class SetupSection(Frozen):
     """A recipe name of planner.recipes.PRECISIONS."""
     optimizer: str = DEFAULT_OPTIMIZER
     """An optimizer name of planner.recipes.OPTIMIZERS."""
+    reserve_gib: float | None = Field(default=None, ge=0)
+    """Runtime reserve per GPU, GiB (TrainSetup.reserve_gib); omitted: the GPU profile's parts."""
 
 
 class JobFile(Frozen):
@@ -77,17 +79,17 @@ class JobFile(Frozen):
 
 def make_setup(
     seq_len: int, global_batch: int, train_tokens: float | str, precision: str = DEFAULT_PRECISION,
-    optimizer: str = DEFAULT_OPTIMIZER,
+    optimizer: str = DEFAULT_OPTIMIZER, reserve_gib: float | None = None,
 ) -> TrainSetup:
     """A TrainSetup from plain values and recipe names (used by the job file and the CLI flags)."""
     section = validate_spec(
         SetupSection, {"seq_len": seq_len, "global_batch": global_batch,
                        "train_tokens": train_tokens, "precision": precision,
-                       "optimizer": optimizer})
+                       "optimizer": optimizer, "reserve_gib": reserve_gib})
     return TrainSetup(
         seq_len=section.seq_len, global_batch=section.global_batch,
         train_tokens=section.train_tokens, precision=get_precision(section.precision),
-        optimizer=get_optimizer(section.optimizer),
+        optimizer=get_optimizer(section.optimizer), reserve_gib=section.reserve_gib,
     )
 
 

@@ -18,6 +18,7 @@ import numpy as np
 from planner.core import rules
 from planner.core.errors import PlanInputError
 from planner.memory.host import partial_node
+from planner.memory.reserve import reserve_column
 from planner.core import params
 from planner.core.columns import LayoutColumns
 from planner.memory import activations, model_states
@@ -89,6 +90,8 @@ def _fits_many(model: ModelSpec, cluster: Cluster, base: Layout, setup: TrainSet
     acts = activations.stage_activations(model, base, setup, [s.num_layers for s in stages])
     prec, opt, node = setup.precision, setup.optimizer, cluster.node
     fits = np.ones(len(dps), dtype=bool)
+    capacity = cluster.gpu.memory_bytes - reserve_column(
+        cluster.gpu, setup.reserve_gib, cols["tp"], cols["pp"], cols["dp"])
     host = []
     for sp, act in zip(stages, acts, strict=True):
         largest = params.largest_param_numel(model, base.tp, sp.stage, base.pp)
@@ -98,7 +101,7 @@ def _fits_many(model: ModelSpec, cluster: Cluster, base: Layout, setup: TrainSet
         states = model_states.state_parts(P, cols, prec, opt)
         buffers = model_states.buffer_parts(P, largest, persistent, cols, prec, base.buffers)
         gpu = model_states.parts_total(states.gpu, P) + model_states.parts_total(buffers, P)
-        fits &= gpu + act.total_bytes <= cluster.gpu.memory_bytes
+        fits &= gpu + act.total_bytes <= capacity
         host.append((model_states.parts_total(states.cpu, P), model_states.parts_total(states.nvme, P)))
     if base.pp > 1 and any(np.any(c) or np.any(n) for c, n in host):
         return np.array([_fits(model, cluster, base.model_copy(update={"dp": int(d)}), setup)

@@ -33,6 +33,7 @@ from collections.abc import Callable
 import numpy as np
 
 from planner.memory import activations, model_states, plan
+from planner.memory.reserve import reserve_column
 from planner.core import params
 from planner.timing import steptime
 from planner.core.errors import PlanInputError
@@ -359,7 +360,8 @@ def evaluate(model: ModelSpec, cluster: Cluster, setup: TrainSetup, cands: dict[
     gpu_first = states_first + b * (kept_f + working)
     gpu_last = states_last + b * (kept_l + working)
     peak = np.maximum(gpu_first, gpu_last)
-    capacity = cluster.gpu.memory_bytes
+    capacity = cluster.gpu.memory_bytes - reserve_column(
+        cluster.gpu, setup.reserve_gib, cands["tp"], cands["pp"], cands["dp"])
     out = dict(gpu_peak_bytes=peak, peak_stage=np.where(gpu_last > gpu_first, pp, 1),
                headroom_bytes=capacity - peak, node_cpu_bytes=node_cpu, node_nvme_bytes=node_nvme)
     out |= steptime.step_columns(model, cluster, setup, cands, tables["max_layers"][inv, 0],

@@ -95,6 +95,14 @@ PrecisionOpt = Annotated[Optional[str], typer.Option(
     "--precision", help="Precision recipe: zero-fp16 (16 B/param), bf16-mixed (16), megatron-bf16 "
                         "(18), zero-infinity-fp16 (20), fp32 (16) (default: zero-fp16, or what the "
                         "engine config says).", rich_help_panel=SETUP)]
+ReserveOpt = Annotated[Optional[float], typer.Option(
+    "--reserve", min=0, callback=finite,
+    help="Runtime reserve per GPU, GiB, replacing the profile's CUDA context, NCCL, cuBLAS and "
+         "fragmentation parts (default: those parts; docs/reserve.md).", rich_help_panel=SETUP)]
+CpuMemOpt = Annotated[Optional[float], typer.Option(
+    "--cpu-mem-gib", min=0, callback=finite,
+    help="Host RAM per node this job may use, GiB (default: the node profile's, or its share on "
+         "a slice of a node; docs/host.md).", rich_help_panel=SETUP)]
 OptimizerOpt = Annotated[Optional[str], typer.Option(
     "--optimizer", help="Optimizer: adam, adamw, sgd-momentum, sgd, adam-8bit (default: adam, or "
                         "the launch line's).", rich_help_panel=SETUP)]
@@ -211,6 +219,15 @@ def resolve_cluster(
     if gpu is None or gpus is None:
         raise PlanInputError("--cluster", "give --cluster NAME, or --gpu NAME with --gpus N")
     return cluster_for_gpus(gpu, gpus, dirs)
+
+
+def with_host_memory(cluster: Cluster, cpu_mem_gib: Optional[float]) -> Cluster:
+    """The cluster with `--cpu-mem-gib` GiB of host RAM per node, when given."""
+    if cpu_mem_gib is None:
+        return cluster
+    from planner.memory.host import with_cpu_memory
+
+    return with_cpu_memory(cluster, cpu_mem_gib)
 
 
 def default_seq_len(model: ModelSpec, seq_len: Optional[int]) -> int:

@@ -96,6 +96,8 @@ def register(app: typer.Typer) -> None:
         allow_cross_node_tp: Annotated[bool, typer.Option(
             "--allow-cross-node-tp", help="Let tp span nodes (over the inter-node network).")] = False,
         flash_attention: opt.FlashAttentionOpt = None,
+        reserve: opt.ReserveOpt = None,
+        cpu_mem_gib: opt.CpuMemOpt = None,
         efficiency: opt.EfficiencyOpt = None,
         calibration: opt.CalibrationOpt = None,
         csv_path: Annotated[Optional[str], typer.Option(
@@ -121,11 +123,11 @@ def register(app: typer.Typer) -> None:
 
                 refuse_existing(target, force, "--plot" if target == plot else "--csv")
         spec = opt.resolve_model(model, profiles)
-        clusters = _clusters(cluster, gpu, gpus, profiles)
+        clusters = [opt.with_host_memory(cl, cpu_mem_gib) for cl in _clusters(cluster, gpu, gpus, profiles)]
         setups = [make_setup(opt.default_seq_len(spec, seq_len),
                              global_batch if global_batch is not None else opt.default_global_batch(cl.num_gpus),
                              tokens if tokens is not None else opt.DEFAULT_TOKENS,
-                             precision or opt.DEFAULT_PRECISION, optimizer or opt.DEFAULT_OPTIMIZER)
+                             precision or opt.DEFAULT_PRECISION, optimizer or opt.DEFAULT_OPTIMIZER, reserve)
                   for cl in clusters]
         setup = setups[0]
         constraints = sweep.Constraints(

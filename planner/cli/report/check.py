@@ -10,7 +10,8 @@ JSON schema (kind "check", schema_version from planner.cli.report):
            micro_batch, grad_accum}
   setup: {seq_len, global_batch, train_tokens, precision, optimizer}
   peak_stage: int                 the stage with the least headroom (1-based)
-  peak_gpu_bytes, gpu_capacity_bytes, headroom_bytes: int
+  peak_gpu_bytes, gpu_capacity_bytes, headroom_bytes: int  (capacity: HBM - reserve)
+  reserve: {part: bytes}          the runtime reserve (planner.memory.reserve)
   overflows: [str]                one phrase per overflowing resource
   stages: [StageMemory]           planner.plan.StageMemory fields, bytes
   node: {cpu_bytes, cpu_capacity_bytes, nvme_bytes, nvme_capacity_bytes}
@@ -23,6 +24,7 @@ from typing import Any
 
 from planner.io.check import CheckResult
 from planner.cli.report import emit_json, fmt_bytes
+from planner.memory.reserve import headroom_warning
 
 
 def layout_label(result: CheckResult) -> str:
@@ -45,8 +47,10 @@ def verdict_line(result: CheckResult) -> str:
     where = (f"{result.model.name} on {result.layout.num_gpus} x {result.cluster.gpu.name} "
              f"({layout_label(result)}, {result.setup.precision.name})")
     if plan.fits:
+        warning = headroom_warning(peak.headroom_bytes, peak.capacity_bytes)
         return (f"FITS: {where}: peak {fmt_bytes(peak.total_bytes)} of {fmt_bytes(peak.capacity_bytes)} "
-                f"on stage {peak.stage}, headroom {fmt_bytes(peak.headroom_bytes)}")
+                f"on stage {peak.stage}, headroom {fmt_bytes(peak.headroom_bytes)}"
+                + (f"; {warning}" if warning else ""))
     return f"DOES NOT FIT: {where}: {'; '.join(plan.overflows)}"
 
 
@@ -69,6 +73,7 @@ def check_payload(result: CheckResult) -> dict[str, Any]:
         "peak_gpu_bytes": peak.total_bytes,
         "gpu_capacity_bytes": peak.capacity_bytes,
         "headroom_bytes": peak.headroom_bytes,
+        "reserve": dict(plan.reserve),
         "overflows": list(plan.overflows),
         "stages": [stage.model_dump(mode="json") for stage in plan.stages],
         "node": plan.node.model_dump(mode="json"),

@@ -8,6 +8,7 @@ from rich.table import Table
 
 from planner.cli.report import emit_json, fmt_bytes, fmt_count, fmt_seconds, gib, human_console
 from planner.cli.report import table as new_table
+from planner.memory.reserve import headroom_warning
 
 if TYPE_CHECKING:
     from planner.search.fitting import FitResult, ModelSummary
@@ -44,7 +45,19 @@ def memory_table(memory: MemoryPlan, wide: bool = False) -> Table:
             gib(sum(s.buffers.values())), gib(sum(s.working.values())),
             gib(s.total_bytes), gib(s.headroom_bytes), use,
         )
+    if memory.reserve:  # the runtime reserve of every GPU, its own row (parts: reserve_line)
+        table.add_row("reserve", *["-"] * 8, gib(sum(memory.reserve.values())), "-", "-")
     return table
+
+
+def reserve_line(memory: MemoryPlan, gpu_memory_bytes: int) -> str:
+    """The reserve's named parts and the capacity they leave (planner.memory.reserve)."""
+    if not memory.reserve:
+        return f"runtime reserve: none ({memory.reserve_note})"
+    parts = ", ".join(f"{name} {fmt_bytes(b)}" for name, b in memory.reserve.items())
+    capacity = memory.stages[0].capacity_bytes
+    return (f"runtime reserve per GPU {fmt_bytes(sum(memory.reserve.values()))} ({parts}): "
+            f"capacity {fmt_bytes(capacity)} of {fmt_bytes(gpu_memory_bytes)}")
 
 
 def _layout_line(result: FitResult) -> str:
@@ -74,8 +87,10 @@ def verdict_line(result: FitResult) -> str:
         return f"DOES NOT FIT: no layout of {result.cluster.num_gpus} GPUs fits"
     if memory.fits:
         peak = memory.peak_stage
+        warning = headroom_warning(peak.headroom_bytes, peak.capacity_bytes)
         return (f"FITS: peak {fmt_bytes(peak.total_bytes)} of {fmt_bytes(peak.capacity_bytes)} "
-                f"on stage {peak.stage} (headroom {fmt_bytes(peak.headroom_bytes)})")
+                f"on stage {peak.stage} (headroom {fmt_bytes(peak.headroom_bytes)})"
+                + (f"; {warning}" if warning else ""))
     return "DOES NOT FIT: " + "; ".join(memory.overflows)
 
 
@@ -93,6 +108,7 @@ def print_fit(result: FitResult) -> None:
     console.print(f"{label}: {_layout_line(result)}")
     if result.memory is not None:
         console.print(memory_table(result.memory, wide=console.width >= WIDE_COLUMNS))
+        console.print(reserve_line(result.memory, cluster.gpu.memory_bytes))
         node = result.memory.node
         console.print(
             f"per node: CPU {fmt_bytes(node.cpu_bytes)} of {fmt_bytes(node.cpu_capacity_bytes)}, "

@@ -119,7 +119,10 @@ class CheckDocument(_Envelope):
     """The stage with the least headroom, 1-based."""
     peak_gpu_bytes: int
     gpu_capacity_bytes: int
+    """Nominal HBM minus the runtime reserve."""
     headroom_bytes: int
+    reserve: dict[str, int]
+    """The runtime reserve's named parts, bytes (planner.memory.reserve); empty when unknown."""
     overflows: list[str]
     stages: list[StageMemory]
     node: NodeMemory
