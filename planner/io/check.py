@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from planner.io.jobfile import make_setup
+from planner.search.suggest import Suggestion, suggest_changes
 from planner.memory.plan import MemoryPlan, plan_memory
 from planner.core.spec import Cluster, Frozen, Layout, ModelSpec, TrainSetup
 from planner.search.strategies import cluster_with_gpus
@@ -27,6 +28,8 @@ class CheckResult(Frozen):
     plan: MemoryPlan
     notes: tuple[str, ...] = ()
     """Assumptions made while reading the file (see EngineJob.notes)."""
+    suggestions: tuple[Suggestion, ...] = ()
+    """When it does not fit: the smallest changes that make it fit (planner.search.suggest)."""
 
     @property
     def fits(self) -> bool:
@@ -46,8 +49,9 @@ def check(model: ModelSpec, cluster: Cluster, layout: Layout, setup: TrainSetup,
 
         cluster = with_cpu_memory(cluster, cpu_mem_gib)
     plan = plan_memory(model, cluster, layout, setup)
+    suggestions = () if plan.fits else tuple(suggest_changes(model, cluster, layout, setup))
     return CheckResult(source=source, model=model, cluster=cluster, layout=layout, setup=setup,
-                       plan=plan, notes=tuple(notes))
+                       plan=plan, notes=tuple(notes), suggestions=suggestions)
 
 
 def check_deepspeed(path: Path, model: ModelSpec, cluster: Cluster, *, num_gpus: int | None,

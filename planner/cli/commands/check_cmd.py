@@ -92,6 +92,8 @@ def check(
         render.emit(result)
     else:
         print(render.verdict_line(result))
+        for line in render.suggestion_lines(result.suggestions):
+            print(line)
     raise typer.Exit(EXIT_FITS if result.fits else EXIT_DOES_NOT_FIT)
 
 

@@ -16,6 +16,7 @@ JSON schema (kind "check", schema_version from planner.cli.report):
   stages: [StageMemory]           planner.plan.StageMemory fields, bytes
   node: {cpu_bytes, cpu_capacity_bytes, nvme_bytes, nvme_capacity_bytes}
   notes: [str]                    assumptions made while reading the file
+  suggestions: [Suggestion]       when it does not fit: changes that make it fit (search.suggest)
 """
 
 from __future__ import annotations
@@ -54,6 +55,14 @@ def verdict_line(result: CheckResult) -> str:
     return f"DOES NOT FIT: {where}: {'; '.join(plan.overflows)}"
 
 
+def suggestion_lines(suggestions) -> list[str]:
+    """The lines under a DOES NOT FIT verdict: each change that makes it fit, with its headroom."""
+    if not suggestions:
+        return []
+    return ["fits with one of:"] + [
+        f"  {s.change}: headroom {fmt_bytes(s.headroom_bytes)}" for s in suggestions]
+
+
 def check_payload(result: CheckResult) -> dict[str, Any]:
     """The JSON document's body (see the module docstring)."""
     plan, peak = result.plan, result.plan.peak_stage
@@ -78,6 +87,7 @@ def check_payload(result: CheckResult) -> dict[str, Any]:
         "stages": [stage.model_dump(mode="json") for stage in plan.stages],
         "node": plan.node.model_dump(mode="json"),
         "notes": list(result.notes),
+        "suggestions": [s.model_dump(mode="json") for s in result.suggestions],
     }
 
 

@@ -124,6 +124,10 @@ def print_fit(result: FitResult) -> None:
     if result.strategies:
         console.print(strategy_table(result))
     console.print(verdict_line(result), style="bold green" if result.fits else "bold red")
+    from planner.cli.report.check import suggestion_lines
+
+    for line in suggestion_lines(result.suggestions):
+        console.print(line, highlight=False)
 
 
 def strategy_table(result: FitResult) -> Table:

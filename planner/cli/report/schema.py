@@ -23,6 +23,7 @@ from planner.core.spec import Layout
 from planner.memory.infer import InferPlan
 from planner.memory.plan import NodeMemory, StageMemory
 from planner.search.fitting import FitResult, ModelSummary
+from planner.search.suggest import Suggestion
 from planner.search.sweep import SweepResult
 from planner.timing.budget import ComputeBudget, ModelBudget
 
@@ -127,6 +128,8 @@ class CheckDocument(_Envelope):
     stages: list[StageMemory]
     node: NodeMemory
     notes: list[str]
+    suggestions: list[Suggestion]
+    """When it does not fit: the smallest changes that make it fit (planner.search.suggest)."""
 
 
 DOCUMENTS: dict[str, type[BaseModel]] = {
