@@ -650,6 +650,12 @@ class TrainSetup(Frozen):
     """Bytes of parameters, gradients, master copy and activations (planner.recipes)."""
     optimizer: Optimizer
     """The optimizer's states per parameter (planner.recipes)."""
+    implementation: Literal["megatron", "hf-eager", "hf-sdpa"] = "megatron"
+    """The code that runs the blocks, which decides what they save for backward
+    (planner.memory.implementations, docs/implementations.md): `megatron` (TE / Apex fused
+    kernels, any tp / pp / recompute), `hf-eager` / `hf-sdpa` (transformers' Python modules, eager
+    or SDPA attention; tp = pp = 1, recompute none or full = HF gradient checkpointing). The
+    precision mode comes from the recipe (`autocast-*`: fp32 weights under torch.autocast)."""
     reserve_gib: float | None = Field(default=None, ge=0)
     """Runtime reserve per GPU, GiB, replacing the profile's CUDA context, NCCL, cuBLAS and
     fragmentation parts (`--reserve`); None: those parts from the GPU profile

@@ -10,6 +10,7 @@ from typing import Any, Literal
 from planner.io.jobfile import make_setup
 from planner.search.suggest import Suggestion, suggest_changes
 from planner.memory.plan import MemoryPlan, plan_memory
+from planner.core.errors import PlanInputError
 from planner.core.spec import Cluster, Frozen, Layout, ModelSpec, TrainSetup
 from planner.search.strategies import cluster_with_gpus
 
@@ -38,12 +39,18 @@ class CheckResult(Frozen):
 
 def check(model: ModelSpec, cluster: Cluster, layout: Layout, setup: TrainSetup,
           source: Source = "job", notes: Sequence[str] = (), *, reserve_gib: float | None = None,
-          cpu_mem_gib: float | None = None) -> CheckResult:
+          cpu_mem_gib: float | None = None, implementation: str | None = None) -> CheckResult:
     """Plan the memory of validated inputs (plan_memory validates the cross-field rules).
     `reserve_gib` / `cpu_mem_gib` (`--reserve`, `--cpu-mem-gib`) replace the setup's reserve and
-    the nodes' host RAM when given."""
+    the nodes' host RAM when given; `implementation` (`--implementation`) the setup's."""
     if reserve_gib is not None:
         setup = setup.model_copy(update={"reserve_gib": reserve_gib})
+    if implementation is not None:
+        from planner.memory.implementations import IMPLEMENTATIONS
+
+        if implementation not in IMPLEMENTATIONS:
+            raise PlanInputError("--implementation", f"{implementation!r}; allowed: {', '.join(IMPLEMENTATIONS)}")
+        setup = setup.model_copy(update={"implementation": implementation})
     if cpu_mem_gib is not None:
         from planner.memory.host import with_cpu_memory
 
@@ -56,7 +63,8 @@ def check(model: ModelSpec, cluster: Cluster, layout: Layout, setup: TrainSetup,
 
 def check_deepspeed(path: Path, model: ModelSpec, cluster: Cluster, *, num_gpus: int | None,
                     seq_len: int, tokens: float, optimizer: str, reserve_gib: float | None = None,
-                    cpu_mem_gib: float | None = None, **numbers: Any) -> CheckResult:
+                    cpu_mem_gib: float | None = None, implementation: str | None = None,
+                    **numbers: Any) -> CheckResult:
     """A DeepSpeed config on `num_gpus` GPUs of the cluster (default: all of them).
 
     `numbers` are the job's values for "auto" keys and the layout fields the JSON cannot say:
@@ -71,12 +79,12 @@ def check_deepspeed(path: Path, model: ModelSpec, cluster: Cluster, *, num_gpus:
                                 hidden_size=model.hidden_size, **numbers)
     setup = make_setup(seq_len, job.global_batch, tokens, job.precision, optimizer)
     return check(model, hardware, job.layout, setup, "deepspeed", job.notes,
-                 reserve_gib=reserve_gib, cpu_mem_gib=cpu_mem_gib)
+                 reserve_gib=reserve_gib, cpu_mem_gib=cpu_mem_gib, implementation=implementation)
 
 
 def check_megatron(path: Path, cluster: Cluster, *, num_gpus: int | None, tokens: float | None,
                    optimizer: str | None, default_tokens: float, reserve_gib: float | None = None,
-                   cpu_mem_gib: float | None = None) -> CheckResult:
+                   cpu_mem_gib: float | None = None, implementation: str | None = None) -> CheckResult:
     """A Megatron-LM launch line: the model from its flags, GPUs from torchrun's flags, the
     command line's --gpus, or the whole cluster, in that order. Tokens: `tokens`, else the
     line's --train-samples / --train-iters, else `default_tokens`."""
@@ -97,4 +105,4 @@ def check_megatron(path: Path, cluster: Cluster, *, num_gpus: int | None, tokens
                          f"{job.layout.num_gpus} of the {cluster.num_gpus} GPUs of {cluster.name} "
                          "(the launch line wins over the cluster's size)")
     return check(job.model, hardware, job.layout, setup, "megatron", notes,
-                 reserve_gib=reserve_gib, cpu_mem_gib=cpu_mem_gib)
+                 reserve_gib=reserve_gib, cpu_mem_gib=cpu_mem_gib, implementation=implementation)

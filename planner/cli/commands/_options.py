@@ -93,8 +93,15 @@ TokensOpt = Annotated[Optional[float], typer.Option(
                             "launch line's).", rich_help_panel=SETUP)]
 PrecisionOpt = Annotated[Optional[str], typer.Option(
     "--precision", help="Precision recipe: zero-fp16 (16 B/param), bf16-mixed (16), megatron-bf16 "
-                        "(18), zero-infinity-fp16 (20), fp32 (16) (default: zero-fp16, or what the "
+                        "(18), zero-infinity-fp16 (20), fp32 (16), autocast-bf16 / autocast-fp16 "
+                        "(16: fp32 weights under autocast) (default: zero-fp16, or what the "
                         "engine config says).", rich_help_panel=SETUP)]
+ImplementationOpt = Annotated[Optional[str], typer.Option(
+    "--implementation",
+    help="The code that runs the blocks: megatron (fused kernels), hf-eager or hf-sdpa "
+         "(transformers; tp = pp = 1). Its precision mode: --precision autocast-bf16 for fp32 "
+         "weights under autocast (default: megatron, or what the engine config implies; "
+         "docs/implementations.md).", rich_help_panel=SETUP)]
 ReserveOpt = Annotated[Optional[float], typer.Option(
     "--reserve", min=0, callback=finite,
     help="Runtime reserve per GPU, GiB, replacing the profile's CUDA context, NCCL, cuBLAS and "

@@ -96,6 +96,7 @@ def register(app: typer.Typer) -> None:
         allow_cross_node_tp: Annotated[bool, typer.Option(
             "--allow-cross-node-tp", help="Let tp span nodes (over the inter-node network).")] = False,
         flash_attention: opt.FlashAttentionOpt = None,
+        implementation: opt.ImplementationOpt = None,
         reserve: opt.ReserveOpt = None,
         cpu_mem_gib: opt.CpuMemOpt = None,
         efficiency: opt.EfficiencyOpt = None,
@@ -127,7 +128,8 @@ def register(app: typer.Typer) -> None:
         setups = [make_setup(opt.default_seq_len(spec, seq_len),
                              global_batch if global_batch is not None else opt.default_global_batch(cl.num_gpus),
                              tokens if tokens is not None else opt.DEFAULT_TOKENS,
-                             precision or opt.DEFAULT_PRECISION, optimizer or opt.DEFAULT_OPTIMIZER, reserve)
+                             precision or opt.DEFAULT_PRECISION, optimizer or opt.DEFAULT_OPTIMIZER, reserve,
+                             implementation)
                   for cl in clusters]
         setup = setups[0]
         constraints = sweep.Constraints(
