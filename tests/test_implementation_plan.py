@@ -90,3 +90,34 @@ def test_cli_implementation_option():
     assert runner.invoke(app, [*base, "--implementation", "hf-sdpa", "--precision", "autocast-bf16"]).exit_code == 0
     bad = runner.invoke(app, [*base, "--implementation", "hf-flash"])
     assert bad.exit_code == 2 and "implementation" in bad.stderr
+
+
+def _ds(tmp_path, config):
+    import json
+
+    path = tmp_path / "ds.json"
+    path.write_text(json.dumps(config))
+    return path
+
+
+def test_engine_configs_select_the_implementation(tmp_path):
+    """HF Trainer style DeepSpeed config ("auto" values) -> hf-sdpa; a numeric one (Megatron-
+    DeepSpeed, zplan export) -> megatron; a Megatron launch line -> megatron (the default)."""
+    from planner.io.check import check_deepspeed
+
+    model, cluster = load_model("llama2-7b"), cluster_for_gpus("a100-80gb", 8)
+    hf = {"train_batch_size": "auto", "train_micro_batch_size_per_gpu": "auto",
+          "gradient_accumulation_steps": "auto", "bf16": {"enabled": "auto"},
+          "zero_optimization": {"stage": 3}}
+    numeric = {"train_batch_size": 8, "train_micro_batch_size_per_gpu": 1,
+               "gradient_accumulation_steps": 1, "bf16": {"enabled": True}, "zero_optimization": {"stage": 3}}
+    kw = dict(num_gpus=None, seq_len=4096, tokens=1e9, optimizer="adam", precision="bf16-mixed",
+              micro_batch=1, grad_accum=1)
+    a = check_deepspeed(_ds(tmp_path, hf), model, cluster, **kw)
+    assert a.setup.implementation == "hf-sdpa" and any("hf-sdpa assumed" in n for n in a.notes)
+    impl = impls.Implementation(name="hf-sdpa", precision="bf16")
+    assert a.plan.stages[0].activations_bytes == impls.model_saved_bytes(model, impl, 4096, 1)
+    b = check_deepspeed(_ds(tmp_path, numeric), model, cluster, **kw)
+    assert b.setup.implementation == "megatron" and not any("hf-sdpa" in n for n in b.notes)
+    c = check_deepspeed(_ds(tmp_path, hf), model, cluster, implementation="megatron", **kw)
+    assert c.setup.implementation == "megatron"

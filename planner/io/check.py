@@ -78,7 +78,14 @@ def check_deepspeed(path: Path, model: ModelSpec, cluster: Cluster, *, num_gpus:
                                 tp=numbers.pop("tp", None) or 1, pp=numbers.pop("pp", None) or 1,
                                 hidden_size=model.hidden_size, **numbers)
     setup = make_setup(seq_len, job.global_batch, tokens, job.precision, optimizer)
-    return check(model, hardware, job.layout, setup, "deepspeed", job.notes,
+    notes = job.notes
+    if implementation is None and _hf_trainer_style(config):
+        if job.layout.tp == job.layout.pp == 1 and job.layout.recompute in ("none", "full"):
+            implementation = "hf-sdpa"
+            notes = (*notes, "the config has \"auto\" values (filled by the HF Trainer): "
+                             "implementation=hf-sdpa assumed (transformers' default attention); "
+                             "--implementation to change")
+    return check(model, hardware, job.layout, setup, "deepspeed", notes,
                  reserve_gib=reserve_gib, cpu_mem_gib=cpu_mem_gib, implementation=implementation)
 
 
@@ -106,3 +113,16 @@ def check_megatron(path: Path, cluster: Cluster, *, num_gpus: int | None, tokens
                          "(the launch line wins over the cluster's size)")
     return check(job.model, hardware, job.layout, setup, "megatron", notes,
                  reserve_gib=reserve_gib, cpu_mem_gib=cpu_mem_gib, implementation=implementation)
+
+
+def _hf_trainer_style(config: Any) -> bool:
+    """A DeepSpeed config with an "auto" value anywhere: the HF Trainer fills those from its
+    TrainingArguments (transformers 5.23.0 integrations/deepspeed.py,
+    `HfTrainerDeepSpeedConfig.fill_match`), so the model is a transformers one, whose default
+    attention is SDPA (modeling_utils.py `get_correct_attn_implementation`: "sdpa" when none is
+    requested). Megatron-DeepSpeed and hand-written configs carry numbers."""
+    if isinstance(config, dict):
+        return any(_hf_trainer_style(v) for v in config.values())
+    if isinstance(config, list):
+        return any(_hf_trainer_style(v) for v in config)
+    return config == "auto"
