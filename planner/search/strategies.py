@@ -107,7 +107,21 @@ def _fits_many(model: ModelSpec, cluster: Cluster, base: Layout, setup: TrainSet
         return np.array([_fits(model, cluster, base.model_copy(update={"dp": int(d)}), setup)
                          for d in dps], dtype=bool)
     cpu, nvme = host[0]
-    return fits & (per_node * cpu <= node.cpu_memory_bytes) & (per_node * nvme <= node.nvme_bytes)
+    cpu_cap, nvme_cap = _host_capacity(cluster, counts)
+    return fits & (per_node * cpu <= cpu_cap) & (per_node * nvme <= nvme_cap)
+
+
+def _host_capacity(cluster: Cluster, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """CPU and NVMe bytes of the node a job on `counts` GPUs sees: on a slice of a node its
+    share (`cluster_with_gpus` -> `partial_node`, what fit and check plan with), else the node."""
+    shares = {int(n): cluster_with_gpus(cluster, int(n)).node for n in np.unique(counts)
+              if n < cluster.node.gpus_per_node}
+    node = cluster.node
+    cpu = np.array([shares[int(n)].cpu_memory_bytes if int(n) in shares else node.cpu_memory_bytes
+                    for n in counts], dtype=np.int64)
+    nvme = np.array([shares[int(n)].nvme_bytes if int(n) in shares else node.nvme_bytes
+                     for n in counts], dtype=np.int64)
+    return cpu, nvme
 
 
 def _min_dp(model: ModelSpec, cluster: Cluster, base: Layout, setup: TrainSetup) -> int | None:
