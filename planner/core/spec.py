@@ -568,8 +568,11 @@ class Layout(Frozen):
     """For `every_k`: layers per checkpointed segment (ZeRO-Infinity's ci)."""
     sequence_parallel: bool = False
     """Megatron sequence parallelism: norms and dropouts split over the tp ranks."""
-    flash_attention: bool = False
-    """Fused attention that saves no s x s tensors (keeps only softmax statistics)."""
+    flash_attention: bool = True
+    """Fused attention that saves no s x s tensors (keeps only softmax statistics). On by
+    default: Megatron-Core with Transformer Engine (`--attention-backend auto` picks flash or
+    fused attention), transformers' SDPA (the default attention) and FSDP recipes all run a
+    fused kernel for causal LMs; false for the unfused (s x s) account of Korthikanti §4."""
     tempo: tuple[TempoTechnique, ...] = ()
     """Tempo (seed 003) techniques: in-place `gelu`, in-place `layernorm`, `dropout` recompute."""
     micro_batch: int = Field(default=1, gt=0)

@@ -65,7 +65,7 @@ class Constraints(Frozen):
     max_pp: int | None = None
     max_virtual_stages: int | None = None
     allow_cross_node_tp: bool = False
-    flash_attention: bool = False
+    flash_attention: bool = True
     """Fixed for every candidate (not a searched dimension)."""
     buffers: EngineBuffers = EngineBuffers()
     """The engines' bucket sizes of every candidate (e.g. a DeepSpeed config's), as

@@ -148,7 +148,7 @@ SequenceParallelOpt = Annotated[Optional[bool], typer.Option(
     rich_help_panel=LAYOUT)]
 FlashAttentionOpt = Annotated[Optional[bool], typer.Option(
     "--flash-attention/--no-flash-attention",
-    help="Fused attention: no s x s tensors saved (default: off for training plans, on for infer).",
+    help="Fused attention: no s x s tensors saved (default: on, as Megatron/TE and HF SDPA run).",
     rich_help_panel=LAYOUT)]
 TempoOpt = Annotated[Optional[str], typer.Option(
     "--tempo", help="Tempo techniques: gelu,layernorm,dropout or all.", rich_help_panel=LAYOUT)]

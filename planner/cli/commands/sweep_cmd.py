@@ -143,7 +143,7 @@ def register(app: typer.Typer) -> None:
             else _choices("offload_params", offload_params, sweep.TARGETS),
             sequence_parallel=None if sequence_parallel is None else (sequence_parallel,),
             max_tp=max_tp, max_pp=max_pp, max_virtual_stages=max_virtual_stages,
-            allow_cross_node_tp=allow_cross_node_tp, flash_attention=bool(flash_attention),
+            allow_cross_node_tp=allow_cross_node_tp, flash_attention=flash_attention is not False,
         )
         if any(z not in (0, 1, 2, 3) for z in constraints.zero_stage or ()):
             raise PlanInputError("zero", f"ZeRO stages are 0, 1, 2, 3; got {zero}")
