@@ -659,6 +659,10 @@ class TrainSetup(Frozen):
     kernels, any tp / pp / recompute), `hf-eager` / `hf-sdpa` (transformers' Python modules, eager
     or SDPA attention; tp = pp = 1, recompute none or full = HF gradient checkpointing). The
     precision mode comes from the recipe (`autocast-*`: fp32 weights under torch.autocast)."""
+    host_accounting: Literal["deepspeed", "zero-infinity-paper"] = "deepspeed"
+    """Where offloaded states live (planner.memory.host, docs/host.md): `deepspeed` as the engine
+    allocates them (a 16-bit gradient buffer in pinned CPU memory even under NVMe offload),
+    `zero-infinity-paper` as the paper counts them (that buffer on NVMe too)."""
     reserve_gib: float | None = Field(default=None, ge=0)
     """Runtime reserve per GPU, GiB, replacing the profile's CUDA context, NCCL, cuBLAS and
     fragmentation parts (`--reserve`); None: those parts from the GPU profile

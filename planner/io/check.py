@@ -39,7 +39,8 @@ class CheckResult(Frozen):
 
 def check(model: ModelSpec, cluster: Cluster, layout: Layout, setup: TrainSetup,
           source: Source = "job", notes: Sequence[str] = (), *, reserve_gib: float | None = None,
-          cpu_mem_gib: float | None = None, implementation: str | None = None) -> CheckResult:
+          cpu_mem_gib: float | None = None, implementation: str | None = None,
+          host_accounting: str | None = None) -> CheckResult:
     """Plan the memory of validated inputs (plan_memory validates the cross-field rules).
     `reserve_gib` / `cpu_mem_gib` (`--reserve`, `--cpu-mem-gib`) replace the setup's reserve and
     the nodes' host RAM when given; `implementation` (`--implementation`) the setup's."""
@@ -51,6 +52,11 @@ def check(model: ModelSpec, cluster: Cluster, layout: Layout, setup: TrainSetup,
         if implementation not in IMPLEMENTATIONS:
             raise PlanInputError("--implementation", f"{implementation!r}; allowed: {', '.join(IMPLEMENTATIONS)}")
         setup = setup.model_copy(update={"implementation": implementation})
+    if host_accounting is not None:
+        from planner.memory.host import check_accounting
+
+        check_accounting(host_accounting)
+        setup = setup.model_copy(update={"host_accounting": host_accounting})
     if cpu_mem_gib is not None:
         from planner.memory.host import with_cpu_memory
 
@@ -64,7 +70,7 @@ def check(model: ModelSpec, cluster: Cluster, layout: Layout, setup: TrainSetup,
 def check_deepspeed(path: Path, model: ModelSpec, cluster: Cluster, *, num_gpus: int | None,
                     seq_len: int, tokens: float, optimizer: str, reserve_gib: float | None = None,
                     cpu_mem_gib: float | None = None, implementation: str | None = None,
-                    **numbers: Any) -> CheckResult:
+                    host_accounting: str | None = None, **numbers: Any) -> CheckResult:
     """A DeepSpeed config on `num_gpus` GPUs of the cluster (default: all of them).
 
     `numbers` are the job's values for "auto" keys and the layout fields the JSON cannot say:
@@ -86,12 +92,14 @@ def check_deepspeed(path: Path, model: ModelSpec, cluster: Cluster, *, num_gpus:
                              "implementation=hf-sdpa assumed (transformers' default attention); "
                              "--implementation to change")
     return check(model, hardware, job.layout, setup, "deepspeed", notes,
-                 reserve_gib=reserve_gib, cpu_mem_gib=cpu_mem_gib, implementation=implementation)
+                 reserve_gib=reserve_gib, cpu_mem_gib=cpu_mem_gib, implementation=implementation,
+                 host_accounting=host_accounting)
 
 
 def check_megatron(path: Path, cluster: Cluster, *, num_gpus: int | None, tokens: float | None,
                    optimizer: str | None, default_tokens: float, reserve_gib: float | None = None,
-                   cpu_mem_gib: float | None = None, implementation: str | None = None) -> CheckResult:
+                   cpu_mem_gib: float | None = None, implementation: str | None = None,
+                   host_accounting: str | None = None) -> CheckResult:
     """A Megatron-LM launch line: the model from its flags, GPUs from torchrun's flags, the
     command line's --gpus, or the whole cluster, in that order. Tokens: `tokens`, else the
     line's --train-samples / --train-iters, else `default_tokens`."""
@@ -112,7 +120,8 @@ def check_megatron(path: Path, cluster: Cluster, *, num_gpus: int | None, tokens
                          f"{job.layout.num_gpus} of the {cluster.num_gpus} GPUs of {cluster.name} "
                          "(the launch line wins over the cluster's size)")
     return check(job.model, hardware, job.layout, setup, "megatron", notes,
-                 reserve_gib=reserve_gib, cpu_mem_gib=cpu_mem_gib, implementation=implementation)
+                 reserve_gib=reserve_gib, cpu_mem_gib=cpu_mem_gib, implementation=implementation,
+                 host_accounting=host_accounting)
 
 
 def _hf_trainer_style(config: Any) -> bool:

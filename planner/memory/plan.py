@@ -13,6 +13,7 @@ from planner.memory import activations, model_states
 from planner.core import params
 from planner.core import rules
 from planner.core.columns import LayoutColumns
+from planner.memory.host import accounting_used
 from planner.memory.reserve import layout_reserve_bytes, reserve_missing_note, training_communicators
 from planner.core.spec import GIB, Cluster, Frozen, Layout, ModelSpec, TrainSetup, ceil_div
 
@@ -65,6 +66,9 @@ class MemoryPlan(Frozen):
     nominal HBM - their sum. Empty when the GPU profile cannot say (see `reserve_note`)."""
     reserve_note: str = ""
     """Why no reserve was subtracted, when none was."""
+    host_accounting_note: str = ""
+    """Which host accounting the plan used, when offloading makes the two differ
+    (planner.memory.host.accounting_used)."""
 
     @property
     def peak_stage(self) -> StageMemory:
@@ -91,7 +95,8 @@ def plan_memory(model: ModelSpec, cluster: Cluster, layout: Layout, setup: Train
     stages: list[StageMemory] = []
     host: list[tuple[int, int]] = []  # (cpu_bytes, nvme_bytes) per GPU of each stage
     for index, (sp, act) in enumerate(zip(stage_params, stage_acts, strict=True)):
-        states = model_states.model_state_bytes(sp.total, setup.precision, setup.optimizer, layout)
+        states = model_states.model_state_bytes(sp.total, setup.precision, setup.optimizer, layout,
+                                                 setup.host_accounting)
         buffers = model_states.buffer_bytes(model, layout, setup.precision, sp)
         working = {"recompute_segment": act.recompute_working_bytes} if act.recompute_working_bytes else {}
         kept = act.total_bytes - act.recompute_working_bytes
@@ -118,8 +123,9 @@ def plan_memory(model: ModelSpec, cluster: Cluster, layout: Layout, setup: Train
     node = _busiest_node(cluster, layout, host)
     overflows = _overflows(stages, node)
     note = "" if reserve else reserve_missing_note(cluster.gpu)
+    used = accounting_used(setup.host_accounting, layout.zero_stage, layout.offload_optimizer)
     return MemoryPlan(stages=stages, node=node, fits=not overflows, overflows=overflows,
-                      reserve=reserve, reserve_note=note)
+                      reserve=reserve, reserve_note=note, host_accounting_note=used or "")
 
 
 def gpu_reserve(cluster: Cluster, layout: Layout, setup: TrainSetup) -> dict[str, int]:

@@ -98,7 +98,7 @@ def _fits_many(model: ModelSpec, cluster: Cluster, base: Layout, setup: TrainSet
         persistent = model_states.zero3_persistent_numel(
             model, base.tp, sp, base.pp, base.buffers.param_persistence_threshold)
         P = np.full(len(dps), sp.total, dtype=np.int64)
-        states = model_states.state_parts(P, cols, prec, opt)
+        states = model_states.state_parts(P, cols, prec, opt, setup.host_accounting)
         buffers = model_states.buffer_parts(P, largest, persistent, cols, prec, base.buffers)
         gpu = model_states.parts_total(states.gpu, P) + model_states.parts_total(buffers, P)
         fits &= gpu + act.total_bytes <= capacity

@@ -289,7 +289,8 @@ def state_bytes(P, dp, zero, opt, par, m, setup: TrainSetup):
     summed (the only formula; kept for callers that hold bare arrays)."""
     cols = LayoutColumns(dict(dp=dp, zero_stage=zero, offload_optimizer=opt, offload_params=par,
                               grad_accum=m))
-    parts = model_states.state_parts(P, cols, setup.precision, setup.optimizer)
+    parts = model_states.state_parts(P, cols, setup.precision, setup.optimizer,
+                                       setup.host_accounting)
     like = np.asarray(P) * 0 + cols["dp"] * 0
     return tuple(model_states.parts_total(p, like) for p in parts[:3])
 
@@ -347,7 +348,8 @@ def model_state_columns(cluster: Cluster, setup: TrainSetup, cands: LayoutColumn
     gpu, host = [], []
     for kind in (0, 1, 2):  # first, middle, last stage
         P = tables["params"][row, kind]
-        states = model_states.state_parts(P, sub, setup.precision, setup.optimizer)
+        states = model_states.state_parts(P, sub, setup.precision, setup.optimizer,
+                                           setup.host_accounting)
         buffers_parts = model_states.buffer_parts(
             P, tables["largest"][row, kind], tables["persistent"][row, kind], sub,
             setup.precision, buffers)

@@ -102,6 +102,11 @@ ImplementationOpt = Annotated[Optional[str], typer.Option(
          "(transformers; tp = pp = 1). Its precision mode: --precision autocast-bf16 for fp32 "
          "weights under autocast (default: megatron, or what the engine config implies; "
          "docs/implementations.md).", rich_help_panel=SETUP)]
+HostAccountingOpt = Annotated[Optional[str], typer.Option(
+    "--host-accounting",
+    help="Where offloaded states live: deepspeed (as the engine allocates: a 16-bit gradient "
+         "buffer in pinned CPU memory even under NVMe offload) or zero-infinity-paper (default: "
+         "deepspeed; docs/host.md).", rich_help_panel=SETUP)]
 ReserveOpt = Annotated[Optional[float], typer.Option(
     "--reserve", min=0, callback=finite,
     help="Runtime reserve per GPU, GiB, replacing the profile's CUDA context, NCCL, cuBLAS and "

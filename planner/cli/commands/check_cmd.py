@@ -44,6 +44,7 @@ def check(
     recompute_every_k: opt.RecomputeEveryKOpt = None,
     flash_attention: opt.FlashAttentionOpt = None,
     implementation: opt.ImplementationOpt = None,
+    host_accounting: opt.HostAccountingOpt = None,
     reserve: opt.ReserveOpt = None,
     cpu_mem_gib: opt.CpuMemOpt = None,
     profiles: opt.ProfilesOpt = None,
@@ -64,7 +65,8 @@ def check(
                              + (f" (got {', '.join(sources)})" if sources else ""))
     numbers = dict(tp=tp, pp=pp, micro_batch=micro_batch, grad_accum=grad_accum, global_batch=global_batch,
                    recompute=recompute, recompute_every_k=recompute_every_k, flash_attention=flash_attention)
-    host = dict(reserve_gib=reserve, cpu_mem_gib=cpu_mem_gib, implementation=implementation)
+    host = dict(reserve_gib=reserve, cpu_mem_gib=cpu_mem_gib, implementation=implementation,
+                host_accounting=host_accounting)
     if job is not None:
         _refuse_given("check", "a job file says everything", dict(
             numbers, model=model, cluster=cluster, gpu=gpu, gpus=gpus, seq_len=seq_len, tokens=tokens,

@@ -41,6 +41,7 @@ def export(
     precision: opt.PrecisionOpt = None,
     optimizer: opt.OptimizerOpt = None,
     implementation: opt.ImplementationOpt = None,
+    host_accounting: opt.HostAccountingOpt = None,
     reserve: opt.ReserveOpt = None,
     cpu_mem_gib: opt.CpuMemOpt = None,
     output: opt.OutputOpt = None,
@@ -73,7 +74,7 @@ def export(
     given = any(v is not None for v in layout_fields.values())
     if job is not None:
         others = (model, cluster, gpu, gpus, seq_len, global_batch, tokens, precision, optimizer,
-                  reserve, cpu_mem_gib, implementation)
+                  reserve, cpu_mem_gib, implementation, host_accounting)
         if given or any(value is not None for value in others):
             raise PlanInputError("--job", "the job file gives model, cluster, layout and setup; drop the other flags")
         from planner.io.jobfile import load_job
@@ -86,7 +87,8 @@ def export(
         hardware = opt.with_host_memory(opt.resolve_cluster(cluster, gpu, gpus, profiles), cpu_mem_gib)
         length = opt.default_seq_len(spec, seq_len)
         names = dict(precision=precision or opt.DEFAULT_PRECISION, optimizer=optimizer or opt.DEFAULT_OPTIMIZER,
-                     reserve_gib=reserve, implementation=implementation)
+                     reserve_gib=reserve, implementation=implementation,
+                     host_accounting=host_accounting)
         run_tokens = tokens if tokens is not None else opt.DEFAULT_TOKENS
         if given:
             layout, batch = opt.layout_from_flags(hardware, global_batch, **layout_fields)

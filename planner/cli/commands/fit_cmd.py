@@ -39,6 +39,7 @@ def fit(
     precision: opt.PrecisionOpt = None,
     optimizer: opt.OptimizerOpt = None,
     implementation: opt.ImplementationOpt = None,
+    host_accounting: opt.HostAccountingOpt = None,
     reserve: opt.ReserveOpt = None,
     cpu_mem_gib: opt.CpuMemOpt = None,
     calibration: opt.CalibrationOpt = None,
@@ -76,11 +77,13 @@ def fit(
     )
     if any(value is not None for value in layout_fields.values()):
         layout, batch = opt.layout_from_flags(hardware, global_batch, **layout_fields)
-        setup = make_setup(length, batch, tokens, precision, optimizer, reserve, implementation)
+        setup = make_setup(length, batch, tokens, precision, optimizer, reserve, implementation,
+                           host_accounting)
         result = fitting.fit_layout(spec, hardware, layout, setup, efficiency)
     else:
         batch = global_batch if global_batch is not None else opt.default_global_batch(hardware.num_gpus)
-        setup = make_setup(length, batch, tokens, precision, optimizer, reserve, implementation)
+        setup = make_setup(length, batch, tokens, precision, optimizer, reserve, implementation,
+                           host_accounting)
         result = fitting.fit_search(spec, hardware, setup, efficiency)
     if json_out:
         render.emit(result)

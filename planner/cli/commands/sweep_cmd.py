@@ -97,6 +97,7 @@ def register(app: typer.Typer) -> None:
             "--allow-cross-node-tp", help="Let tp span nodes (over the inter-node network).")] = False,
         flash_attention: opt.FlashAttentionOpt = None,
         implementation: opt.ImplementationOpt = None,
+        host_accounting: opt.HostAccountingOpt = None,
         reserve: opt.ReserveOpt = None,
         cpu_mem_gib: opt.CpuMemOpt = None,
         efficiency: opt.EfficiencyOpt = None,
@@ -129,7 +130,7 @@ def register(app: typer.Typer) -> None:
                              global_batch if global_batch is not None else opt.default_global_batch(cl.num_gpus),
                              tokens if tokens is not None else opt.DEFAULT_TOKENS,
                              precision or opt.DEFAULT_PRECISION, optimizer or opt.DEFAULT_OPTIMIZER, reserve,
-                             implementation)
+                             implementation, host_accounting)
                   for cl in clusters]
         setup = setups[0]
         constraints = sweep.Constraints(

@@ -47,12 +47,13 @@ def verdict_line(result: CheckResult) -> str:
     peak = plan.peak_stage
     where = (f"{result.model.name} on {result.layout.num_gpus} x {result.cluster.gpu.name} "
              f"({layout_label(result)}, {result.setup.precision.name})")
+    used = f"; {plan.host_accounting_note}" if plan.host_accounting_note else ""
     if plan.fits:
         warning = headroom_warning(peak.headroom_bytes, peak.capacity_bytes)
         return (f"FITS: {where}: peak {fmt_bytes(peak.total_bytes)} of {fmt_bytes(peak.capacity_bytes)} "
                 f"on stage {peak.stage}, headroom {fmt_bytes(peak.headroom_bytes)}"
-                + (f"; {warning}" if warning else ""))
-    return f"DOES NOT FIT: {where}: {'; '.join(plan.overflows)}"
+                + (f"; {warning}" if warning else "") + used)
+    return f"DOES NOT FIT: {where}: {'; '.join(plan.overflows)}{used}"
 
 
 def suggestion_lines(suggestions) -> list[str]:

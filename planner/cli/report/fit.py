@@ -88,10 +88,12 @@ def verdict_line(result: FitResult) -> str:
     if memory.fits:
         peak = memory.peak_stage
         warning = headroom_warning(peak.headroom_bytes, peak.capacity_bytes)
-        return (f"FITS: peak {fmt_bytes(peak.total_bytes)} of {fmt_bytes(peak.capacity_bytes)} "
+        line = (f"FITS: peak {fmt_bytes(peak.total_bytes)} of {fmt_bytes(peak.capacity_bytes)} "
                 f"on stage {peak.stage} (headroom {fmt_bytes(peak.headroom_bytes)})"
                 + (f"; {warning}" if warning else ""))
-    return "DOES NOT FIT: " + "; ".join(memory.overflows)
+    else:
+        line = "DOES NOT FIT: " + "; ".join(memory.overflows)
+    return line + (f"; {memory.host_accounting_note}" if memory.host_accounting_note else "")
 
 
 def print_fit(result: FitResult) -> None:
