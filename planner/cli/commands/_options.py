@@ -108,9 +108,10 @@ HostAccountingOpt = Annotated[Optional[str], typer.Option(
          "buffer in pinned CPU memory even under NVMe offload) or zero-infinity-paper (default: "
          "deepspeed; docs/host.md).", rich_help_panel=SETUP)]
 ReserveOpt = Annotated[Optional[float], typer.Option(
-    "--reserve", min=0, callback=finite,
-    help="Runtime reserve per GPU, GiB, replacing the profile's CUDA context, NCCL, cuBLAS and "
-         "fragmentation parts (default: those parts; docs/reserve.md).", rich_help_panel=SETUP)]
+    "--reserve", callback=finite,
+    help="Runtime reserve per GPU, GiB, replacing the GPU profile's parts (CUDA context, NCCL "
+         "buffers, cuBLAS workspace; in training plans also fragmentation) (default: the "
+         "profile's; docs/reserve.md).", rich_help_panel=SETUP)]
 CpuMemOpt = Annotated[Optional[float], typer.Option(
     "--cpu-mem-gib", min=0, callback=finite,
     help="Host RAM per node this job may use, GiB (default: the node profile's, or its share on "
