@@ -182,7 +182,8 @@ def build(run: PublishedRun) -> tuple[ModelSpec, Cluster, Layout, TrainSetup]:
     cluster = cluster_for_gpus(run.gpu, run.num_gpus)
     layout = Layout(tp=run.tp, pp=run.pp, dp=run.dp, virtual_stages=run.virtual_stages,
                     recompute=run.recompute, sequence_parallel=run.sequence_parallel,
-                    micro_batch=run.micro_batch, grad_accum=run.grad_accum)
+                    micro_batch=run.micro_batch, grad_accum=run.grad_accum,
+                    flash_attention=False)  # 2021-22 Megatron runs: unfused attention (s x s)
     setup = TrainSetup(seq_len=run.seq_len, global_batch=run.global_batch, train_tokens=300e9,
                        precision=get_precision(run.precision), optimizer=get_optimizer("adam"))
     return model, cluster, layout, setup

@@ -38,7 +38,7 @@ LN_STATS = 2 * 2 * 4  # two LayerNorms x (mean + rstd) x fp32, per token
 
 
 def inventory(model, s=S, b=1, e=2, **layout):
-    return act.layer_saved_bytes(model, Layout(**layout), s, b, e)
+    return act.layer_saved_bytes(model, Layout(**{"flash_attention": False, **layout}), s, b, e)
 
 
 def seed_part(inv):
@@ -126,7 +126,7 @@ def test_sp_must_divide_sequence():
 
 
 def kept(model, s=S, b=1, e=2, **layout):
-    return act.layer_activation_bytes(model, Layout(**layout), s, b, e)
+    return act.layer_activation_bytes(model, Layout(**{"flash_attention": False, **layout}), s, b, e)
 
 
 def test_selective_recompute_korthikanti():
@@ -145,7 +145,7 @@ def test_full_recompute_keeps_layer_input():
 
 
 def test_every_k_counts_checkpoints():
-    layout = Layout(recompute="every_k", recompute_every_k=4)
+    layout = Layout(flash_attention=False, recompute="every_k", recompute_every_k=4)
     # 10 layers in segments of 4 -> ceil(10/4) = 3 checkpoints of 2sbh
     assert act.layers_kept_bytes(GPT3, layout, S, 1, 2, 10) == 3 * 2 * SBH
     # ZeRO-Infinity eq.3 with ci = 4 over 12 layers: 2·bsz·seq·hd·nl/ci = 6sbh
@@ -155,11 +155,11 @@ def test_every_k_counts_checkpoints():
 def test_recompute_working_memory():
     full_inventory = sum(inventory(GPT3).values())
     core = 5 * 96 * S * S  # softmax output 2as²b + mask as²b + dropout output 2as²b
-    assert act.recompute_working_bytes(GPT3, Layout(), S, 1, 2, 10) == 0
-    assert act.recompute_working_bytes(GPT3, Layout(recompute="full"), S, 1, 2, 10) == full_inventory
-    every_3 = Layout(recompute="every_k", recompute_every_k=3)
+    assert act.recompute_working_bytes(GPT3, Layout(flash_attention=False), S, 1, 2, 10) == 0
+    assert act.recompute_working_bytes(GPT3, Layout(flash_attention=False, recompute="full"), S, 1, 2, 10) == full_inventory
+    every_3 = Layout(flash_attention=False, recompute="every_k", recompute_every_k=3)
     assert act.recompute_working_bytes(GPT3, every_3, S, 1, 2, 10) == 3 * full_inventory
-    assert act.recompute_working_bytes(GPT3, Layout(recompute="selective"), S, 1, 2, 10) == core
+    assert act.recompute_working_bytes(GPT3, Layout(flash_attention=False, recompute="selective"), S, 1, 2, 10) == core
 
 
 # --------------------------------------------------------------------------- Llama, GQA, flash, MoE
@@ -283,10 +283,10 @@ def setup(seq_len=S, global_batch=8):
 
 def test_1f1b_in_flight_counts_seed_004():
     # seed 004 §3.5.2: stage i of p = 4 holds p - i + 1 = 4, 3, 2, 1 micro-batches
-    stages = act.stage_activations(GPT3, Layout(pp=4, grad_accum=8), setup(), [24] * 4)
+    stages = act.stage_activations(GPT3, Layout(flash_attention=False, pp=4, grad_accum=8), setup(), [24] * 4)
     assert [st.in_flight_microbatches for st in stages] == [4, 3, 2, 1]
     # fewer micro-batches than stages: min(p - i + 1, m)
-    stages = act.stage_activations(GPT3, Layout(pp=4, grad_accum=2), setup(), [24] * 4)
+    stages = act.stage_activations(GPT3, Layout(flash_attention=False, pp=4, grad_accum=2), setup(), [24] * 4)
     assert [st.in_flight_microbatches for st in stages] == [2, 2, 2, 1]
 
 
@@ -298,9 +298,9 @@ def test_13b_seed_example_stage_activations():
     assert whole // 4 == 8_388_608_000  # per stage per micro-batch; the seed's 34 GB / 4 = 8.5 GB
     gpt13b = ModelSpec(name="gpt3-13b", num_layers=40, hidden_size=5120, num_heads=40,
                        ffn_hidden_size=20480, vocab_size=50257, max_seq_len=4096)
-    stages = act.stage_activations(gpt13b, Layout(pp=4, grad_accum=16, recompute="selective"),
+    stages = act.stage_activations(gpt13b, Layout(flash_attention=False, pp=4, grad_accum=16, recompute="selective"),
                                    setup(4096), [10] * 4)
-    layer = act.layer_activation_bytes(gpt13b, Layout(recompute="selective"), 4096, 1, 2)
+    layer = act.layer_activation_bytes(gpt13b, Layout(flash_attention=False, recompute="selective"), 4096, 1, 2)
     assert layer == 34 * 4096 * 5120 + 2 * 8 * 4096  # selective at t = 1: 34sbh + norm stats
     middle = stages[1]
     assert middle.extras == {} and middle.per_microbatch_bytes == 10 * layer
@@ -313,17 +313,17 @@ def test_13b_seed_example_stage_activations():
 
 def test_stage_extras_named():
     s, b, V = S, 1, 50257
-    stages = act.stage_activations(GPT3, Layout(pp=2, grad_accum=4), setup(), [48, 48])
+    stages = act.stage_activations(GPT3, Layout(flash_attention=False, pp=2, grad_accum=4), setup(), [48, 48])
     assert stages[0].extras == {"embedding.token_ids": 8 * s, "embedding.dropout_mask": SBH}
     assert stages[1].extras == {"final_norm.input": 2 * SBH, "final_norm.stats": 8 * s,
                                 "head.input": 2 * SBH, "head.logits_fp32": 4 * s * b * V}
     # tp = 8: vocab-parallel logits on the largest rank, ceil(50257 / 8) = 6283 rows
-    stages = act.stage_activations(GPT3, Layout(pp=2, tp=8, grad_accum=4), setup(), [48, 48])
+    stages = act.stage_activations(GPT3, Layout(flash_attention=False, pp=2, tp=8, grad_accum=4), setup(), [48, 48])
     assert stages[1].extras["head.logits_fp32"] == 4 * s * 6283
 
 
 def test_full_recompute_stage_has_working_memory():
-    stages = act.stage_activations(GPT3, Layout(pp=2, grad_accum=4, recompute="full"), setup(), [48, 48])
+    stages = act.stage_activations(GPT3, Layout(flash_attention=False, pp=2, grad_accum=4, recompute="full"), setup(), [48, 48])
     one_block = sum(inventory(GPT3).values())
     st = stages[1]
     assert st.recompute_working_bytes == one_block
@@ -342,7 +342,7 @@ def test_interleaved_first_stage_factor():
     assert sum(act.interleaved_in_flight(p, 0, v, 8)) * (L // p // v) == L * (1 + (p - 1) / (p * v))
     # last rank: warmup (v-1)p = 4, +1 -> 5 chunks
     assert sum(act.interleaved_in_flight(p, 3, v, 8)) == 5
-    full = Layout(pp=p, virtual_stages=v, grad_accum=8, recompute="full")
+    full = Layout(flash_attention=False, pp=p, virtual_stages=v, grad_accum=8, recompute="full")
     stages = act.stage_activations(GPT3, full, setup(), [24] * 4)
     assert stages[0].in_flight_chunks == 11 and stages[0].in_flight_microbatches == 6
     chunk0 = 12 * 2 * SBH + sum(stages[0].extras.values())
@@ -351,7 +351,7 @@ def test_interleaved_first_stage_factor():
 
 def test_interleaved_needs_divisible_chunks():
     with pytest.raises(PlanInputError, match="virtual_stages"):
-        act.stage_activations(GPT3, Layout(pp=4, virtual_stages=5, grad_accum=8), setup(), [24] * 4)
+        act.stage_activations(GPT3, Layout(flash_attention=False, pp=4, virtual_stages=5, grad_accum=8), setup(), [24] * 4)
 
 
 # --------------------------------------------------------------------------- ZeRO-Infinity forms
@@ -411,11 +411,11 @@ def test_selective_recompute_keeps_gqa_k_v_at_kv_heads():
     the checkpointed core_attention, so what is kept has kv heads (measured by `zplan calibrate`,
     docs/calibrate.md finding 1). Llama-3-8B: a = 32, kv = 8, d = 128; s = 4096, b = 1, t = 1, bf16."""
     s, b, e, d = 4096, 1, 2, 128
-    layout = Layout(recompute="selective")
+    layout = Layout(flash_attention=False, recompute="selective")
     kept = act.selective_kept_bytes(LLAMA3_8B, layout, s, b, e,
                                     act.layer_saved_bytes(LLAMA3_8B, layout, s, b, e))
     assert kept["attn.k"] == kept["attn.v"] == 4096 * 1 * 8 * 128 * 2  # 8,388,608 bytes
-    full = act.layer_saved_bytes(LLAMA3_8B, Layout(), s, b, e)
+    full = act.layer_saved_bytes(LLAMA3_8B, Layout(flash_attention=False), s, b, e)
     repeated_kv = 2 * s * b * 32 * d * e  # K and V at the 32 query heads, as saved without recompute
     core = sum(n for name, n in full.items() if name in act.ATTENTION_CORE)
     kept_total = sum(full.values()) - core - repeated_kv + 2 * s * b * 8 * d * e

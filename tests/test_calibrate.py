@@ -47,7 +47,7 @@ def setup(precision: str = "fp32", optimizer: str = "adam") -> TrainSetup:
 def run(name: str, precision: str = "fp32", recompute: str = "none", k: int = 2, **extra: int):
     model = tiny(name, **extra)
     st = setup(precision)
-    layout = Layout(micro_batch=B, recompute=recompute, recompute_every_k=k)
+    layout = Layout(micro_batch=B, recompute=recompute, recompute_every_k=k, flash_attention=False)
     return model, st, layout, run_configuration(model, st, layout, steps=1, warmup=0)
 
 
@@ -80,7 +80,7 @@ def test_model_states_bf16_mixed_exact() -> None:
     # ZeRO paper (seed 001 §1.3): bf16 param 2 + bf16 grad 2 + fp32 master, m, v 12 bytes
     assert (measured.states.params_bytes, measured.states.grads_bytes,
             measured.states.optimizer_bytes) == (2 * phi, 2 * phi, 12 * phi)
-    rows = {r.quantity: r for r in compare(model, st, Layout(micro_batch=B), measured)}
+    rows = {r.quantity: r for r in compare(model, st, Layout(micro_batch=B, flash_attention=False), measured)}
     for q in ("parameters", "parameter bytes", "gradient bytes", "optimizer-state bytes"):
         assert rows[q].error_pct == 0
 

@@ -105,7 +105,7 @@ def run_record(step_time_s: float) -> ConfigResult:
         saved_per_layer=[{}, {}], saved_outside_layers={},
         forward_flops=FLOPS // 3, backward_flops=2 * FLOPS // 3, step_time_s=step_time_s,
         achieved_flops_per_s=FLOPS / step_time_s, peak_memory_bytes=None)
-    run = RunSpec(model=tiny_gpt2(), setup=fp32_setup(), layout=Layout(micro_batch=B))
+    run = RunSpec(model=tiny_gpt2(), setup=fp32_setup(), layout=Layout(micro_batch=B, flash_attention=False))
     rows = [Row(quantity=f"saved activations, all {L} blocks", unit="bytes", predicted=1.0, measured=1.0)]
     return ConfigResult(label="tiny", run=run, measured=measured, rows=rows, classes=[])
 
@@ -193,7 +193,7 @@ def test_fit_with_the_calibration_reproduces_the_measured_step(tmp_path: Path) -
     from planner.calibrate.run import run_all
     from planner.io.loading import cluster_for_gpus
 
-    model, setup, layout = tiny_gpt2(), fp32_setup(), Layout(micro_batch=B)
+    model, setup, layout = tiny_gpt2(), fp32_setup(), Layout(micro_batch=B, flash_attention=False)
     [result] = run_all([RunSpec(model=model, setup=setup, layout=layout)], steps=1, warmup=1,
                        device="cpu")
     cal = build_calibration([result], "a100-80gb", 19.5e12, "now", "none",
@@ -205,6 +205,7 @@ def test_fit_with_the_calibration_reproduces_the_measured_step(tmp_path: Path) -
     proc = run_zplan("fit", "--model", str(model_path), "--gpu", "a100-80gb", "--gpus", "1",
                      "--precision", "fp32", "--optimizer", "adam", "--seq-len", str(S),
                      "--global-batch", str(B), "--micro-batch", str(B), "--recompute", "none",
+                     "--no-flash-attention",  # the calibrated run was planned unfused (run_specs)
                      "--calibration", str(cal_path), "--json")
     assert proc.returncode == 0, proc.stderr
     step = json.loads(proc.stdout)["step"]

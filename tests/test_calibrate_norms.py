@@ -36,7 +36,7 @@ def run(name: str, precision: str, norm_impl: str, **extra: int):
     model = scaled_model(load_model(name), layers=L, hidden=H, heads=A, ffn=F, vocab=V, **extra)
     setup = TrainSetup(seq_len=S, global_batch=B, train_tokens=S * B,
                        precision=get_precision(precision), optimizer=get_optimizer("adam"))
-    layout = Layout(micro_batch=B)
+    layout = Layout(micro_batch=B, flash_attention=False)
     return model, layout, run_configuration(model, setup, layout, steps=1, warmup=0, norm_impl=norm_impl)
 
 

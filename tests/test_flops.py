@@ -47,7 +47,7 @@ def test_narayanan_eq3_with_full_recompute():
     B, s, l, h, V = 1536, 2048, 96, 12288, 50257
     setup = TrainSetup(seq_len=s, global_batch=B, train_tokens=300e9,
                        precision=get_precision("zero-fp16"), optimizer=get_optimizer("adam"))
-    step = flops.step_flops(GPT3, setup, Layout(recompute="full"))
+    step = flops.step_flops(GPT3, setup, Layout(recompute="full", flash_attention=False))
     expected = 96 * B * s * l * h**2 * (1 + s / (6 * h) + V / (16 * l * h))
     assert math.isclose(step.hardware_flops, expected, rel_tol=1e-12)
     # without recompute the same model FLOPs: 72·B·s·l·h²·(1 + s/(6h) + V/(12·l·h))
@@ -86,13 +86,13 @@ def _setup(B=8, s=2048):
 def test_recompute_modes():
     B, s, h, L = 8, 2048, 12288, 96
     core = 4 * B * s**2 * h  # QKᵀ and scores·V per layer
-    none = flops.step_flops(GPT3, _setup(), Layout())
+    none = flops.step_flops(GPT3, _setup(), Layout(flash_attention=False))
     assert none.recompute_flops == 0 and none.hardware_flops == none.model_flops
-    selective = flops.step_flops(GPT3, _setup(), Layout(recompute="selective"))
+    selective = flops.step_flops(GPT3, _setup(), Layout(recompute="selective", flash_attention=False))
     assert selective.recompute_flops == L * core
-    full = flops.step_flops(GPT3, _setup(), Layout(recompute="full"))
+    full = flops.step_flops(GPT3, _setup(), Layout(recompute="full", flash_attention=False))
     assert full.recompute_flops == L * (24 * B * s * h**2 + core)
-    every = flops.step_flops(GPT3, _setup(), Layout(recompute="every_k", recompute_every_k=4))
+    every = flops.step_flops(GPT3, _setup(), Layout(recompute="every_k", recompute_every_k=4, flash_attention=False))
     assert every.recompute_flops == full.recompute_flops  # each segment re-runs once
     flash = flops.step_flops(GPT3, _setup(), Layout(flash_attention=True))
     assert flash.recompute_flops == L * 2 * B * s**2 * h  # backward recomputes QKᵀ

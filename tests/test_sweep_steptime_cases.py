@@ -56,7 +56,7 @@ def cluster(gpus_per_node: int, nodes: int = 1, intra_gb: float = 100.0, lat_us:
 
 
 def test_one_gpu_is_pure_compute_and_mfu_equals_efficiency():
-    est = estimate_step(MODEL, cluster(1), Layout(micro_batch=4), SETUP)
+    est = estimate_step(MODEL, cluster(1), Layout(flash_attention=False, micro_batch=4), SETUP)
     # 41,779,200 FLOPs at 1e12 x 0.5 FLOP/s
     assert est.compute_s == pytest.approx(MODEL_FLOPS / 0.5e12, rel=1e-12)
     from planner.core.params import count_params
@@ -73,14 +73,14 @@ def test_one_gpu_is_pure_compute_and_mfu_equals_efficiency():
 
 
 def test_calibrated_efficiency_replaces_the_profile():
-    est = estimate_step(MODEL, cluster(1), Layout(micro_batch=4), SETUP, efficiency=0.25)
+    est = estimate_step(MODEL, cluster(1), Layout(flash_attention=False, micro_batch=4), SETUP, efficiency=0.25)
     assert est.compute_s == pytest.approx(MODEL_FLOPS / 0.25e12, rel=1e-12)
 
 
 def test_tensor_parallel_adds_four_all_reduces_per_layer():
     # tp=2 in one node at 100 GB/s, alpha 0: each all-reduce of b*s*h*2 = 4*16*64*2 = 8192 B
     # moves 2 * 1/2 * 8192 B = 8192 B -> 8.192e-8 s; 2 layers x 4 x 1 micro-batch = 8 of them.
-    est = estimate_step(MODEL, cluster(2), Layout(tp=2, micro_batch=4), SETUP)
+    est = estimate_step(MODEL, cluster(2), Layout(flash_attention=False, tp=2, micro_batch=4), SETUP)
     assert est.tp_comm_s == pytest.approx(8 * 8192 / 100e9, rel=1e-12)
     assert est.compute_s == pytest.approx(MODEL_FLOPS / 2 / 0.5e12, rel=1e-12)
     # norms and residual adds stay whole on each tp rank; GeLU and scores are halved
@@ -97,7 +97,7 @@ def test_pipeline_bubble_and_sends():
     # pp=2, m=4 micro-batches of b=1: bubble = (2-1)/4 of the ideal time; 2 sends per
     # micro-batch of b*s*h*2 = 2048 B at 100 GB/s with 1 us latency.
     c = cluster(2, lat_us=1.0)
-    est = estimate_step(MODEL, c, Layout(pp=2, micro_batch=1, grad_accum=4), SETUP)
+    est = estimate_step(MODEL, c, Layout(flash_attention=False, pp=2, micro_batch=1, grad_accum=4), SETUP)
     ideal = MODEL_FLOPS / 2 / 0.5e12
     assert est.compute_s == pytest.approx(ideal, rel=1e-12)
     # memory-bound: 1 layer per stage, 4 micro-batches of b=1 (a quarter of the b=4 bytes), 3 passes
@@ -113,7 +113,7 @@ def test_ddp_gradient_all_reduce_total():
     from planner.core.params import count_params
 
     phi = count_params(MODEL).total
-    est = estimate_step(MODEL, cluster(2), Layout(dp=2, micro_batch=2), SETUP)
+    est = estimate_step(MODEL, cluster(2), Layout(flash_attention=False, dp=2, micro_batch=2), SETUP)
     # plus NCCL's base latency per collective (tuning.cc, 8.4 us, Simple protocol), once per
     # ring pass (reduce-scatter + all-gather): a library constant, present at alpha = 0
     assert est.dp_comm_s == pytest.approx(2 * (NCCL_BASE + 0.5 * 2 * phi / 100e9), rel=1e-12)
@@ -127,7 +127,7 @@ def test_cross_node_dp_uses_the_nic_share():
     from planner.core.params import count_params
 
     phi = count_params(MODEL).total
-    est = estimate_step(MODEL, cluster(1, nodes=2, inter_gb=50.0), Layout(dp=2, micro_batch=2), SETUP)
+    est = estimate_step(MODEL, cluster(1, nodes=2, inter_gb=50.0), Layout(flash_attention=False, dp=2, micro_batch=2), SETUP)
     assert est.dp_comm_s == pytest.approx(2 * (NCCL_BASE + 0.5 * 2 * phi / 50e9), rel=1e-12)
 
 
@@ -138,7 +138,7 @@ def test_cpu_offload_adds_cpu_adam_and_pcie():
     from planner.core.params import count_params
 
     phi = count_params(MODEL).total
-    lay = Layout(dp=2, zero_stage=2, offload_optimizer="cpu", micro_batch=2)
+    lay = Layout(flash_attention=False, dp=2, zero_stage=2, offload_optimizer="cpu", micro_batch=2)
     est = estimate_step(MODEL, cluster(2), lay, SETUP)
     assert est.cpu_optimizer_s == pytest.approx(phi / 1e9, rel=1e-12)
     up = 2 * phi / 2 / 25e9
@@ -154,8 +154,8 @@ def test_the_layouts_own_ddp_bucket_sets_the_exposed_all_reduce():
     all-reduce is 2 passes x (8.4 us NCCL base latency + 1/2 x 1000 B / 100e9 B/s)."""
     from planner.core.spec import EngineBuffers
 
-    layout = Layout(dp=2, micro_batch=2, buffers=EngineBuffers(ddp_bucket_bytes=1000))
+    layout = Layout(flash_attention=False, dp=2, micro_batch=2, buffers=EngineBuffers(ddp_bucket_bytes=1000))
     est = estimate_step(MODEL, cluster(2), layout, SETUP)
     assert est.dp_comm_exposed_s == pytest.approx(2 * (NCCL_BASE + 0.5 * 1000 / 100e9), rel=1e-12)
-    default = estimate_step(MODEL, cluster(2), Layout(dp=2, micro_batch=2), SETUP)
+    default = estimate_step(MODEL, cluster(2), Layout(flash_attention=False, dp=2, micro_batch=2), SETUP)
     assert default.dp_comm_exposed_s == pytest.approx(default.dp_comm_s, rel=1e-12)  # 25 MiB > 2Φ

@@ -82,7 +82,10 @@ def run_specs(model: ModelSpec, seq_len: int, micro_batch: int, precisions: list
         setup = TrainSetup(seq_len=seq_len, global_batch=micro_batch, train_tokens=seq_len * micro_batch,
                            precision=get_precision(name), optimizer=get_optimizer(optimizer))
         for mode in modes:
-            layout = Layout(micro_batch=micro_batch, recompute=mode, recompute_every_k=every_k)
+            # flash_attention=False: what the planner predicted before fused attention became the
+            # default (the CPU harness runs unfused attention; planner.calibrate.run)
+            layout = Layout(micro_batch=micro_batch, recompute=mode, recompute_every_k=every_k,
+                            flash_attention=False)
             runs.append(RunSpec(model=model, setup=setup, layout=layout))
     return runs
 

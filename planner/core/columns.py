@@ -96,7 +96,7 @@ class LayoutColumns(Mapping[str, np.ndarray]):
         """The length-1 instance of one typed layout."""
         return cls.from_layouts([layout])
 
-    def to_layout(self, i: int, *, flash_attention: bool = False,
+    def to_layout(self, i: int, *, flash_attention: bool = True,
                   buffers: EngineBuffers | None = None) -> Layout:
         """The typed Layout of row i (fields missing from the columns take Layout's defaults)."""
         fields: dict[str, object] = {}

@@ -70,6 +70,19 @@ PRECISIONS: dict[str, PrecisionRecipe] = {
                    "counted) + fp32 main_grad 4 + 12 = 20.0625 (docs/fp8.md)",
         ),
         PrecisionRecipe(
+            name="autocast-bf16", compute_dtype="bf16", param_bytes=4, grad_bytes=4,
+            master_param_bytes=0, activation_bytes=2,
+            source="fp32 weights under torch.autocast(bfloat16) (HF Trainer bf16=True, plain "
+                   "AMP): fp32 param 4 + fp32 grad 4 + Adam m, v 8 = 16; matmuls and their "
+                   "saved inputs in bf16 (planner.memory.implementations, docs/implementations.md)",
+        ),
+        PrecisionRecipe(
+            name="autocast-fp16", compute_dtype="fp16", param_bytes=4, grad_bytes=4,
+            master_param_bytes=0, activation_bytes=2,
+            source="fp32 weights under torch.autocast(float16) with a GradScaler (HF Trainer "
+                   "fp16=True): 4 + 4 + 8 = 16 bytes per parameter with Adam",
+        ),
+        PrecisionRecipe(
             name="fp32", compute_dtype="fp32", param_bytes=4, grad_bytes=4,
             master_param_bytes=0, activation_bytes=4,
             source="plain fp32 Adam without mixed precision: 4 + 4 + 8 = 16 bytes (seed 004 note)",

@@ -32,6 +32,22 @@ from planner.core.spec import Cluster, ModelSpec, TrainSetup, ceil_div
 
 NVME = OFFLOAD_TARGETS.index("nvme")
 EVERY_K = RECOMPUTE_MODES.index("every_k")
+HF_RECOMPUTE = (RECOMPUTE_MODES.index("none"), RECOMPUTE_MODES.index("full"))
+"""transformers' models recompute nothing or whole blocks (gradient checkpointing)."""
+
+
+def _megatron(x: Context) -> bool:
+    return x.setup.implementation == "megatron"
+
+
+def _hf_parallel_ok(x: Context, c: LayoutColumns) -> np.ndarray:
+    """megatron runs any tp, pp; hf-eager / hf-sdpa (transformers' modules) tp = pp = 1."""
+    return np.asarray(_megatron(x) | ((c["tp"] == 1) & (c["pp"] == 1)))
+
+
+def _hf_recompute_ok(x: Context, c: LayoutColumns) -> np.ndarray:
+    """hf-eager / hf-sdpa recompute nothing or whole blocks (gradient checkpointing)."""
+    return np.asarray(_megatron(x) | np.isin(c["recompute"], HF_RECOMPUTE))
 
 
 @dataclass(frozen=True)
@@ -221,6 +237,15 @@ RULES: tuple[Rule, ...] = LAYOUT_RULES + (
          lambda x, r: (f"nvme needs zero_stage=3 (got {r['zero_stage']}); DeepSpeed offloads "
                        "optimizer states to NVMe only under ZeRO-3 (ZeRO-Infinity); use cpu for "
                        "ZeRO-1/2")),
+    Rule("transformers implementations run tp = pp = 1", "implementation", ("tp", "pp"),
+         _hf_parallel_ok,
+         lambda x, r: (f"implementation={x.setup.implementation} runs transformers' modules: "
+                       f"tp=1, pp=1 (got tp={r['tp']}, pp={r['pp']}); use implementation=megatron")),
+    Rule("transformers implementations recompute none or full", "implementation", ("recompute",),
+         _hf_recompute_ok,
+         lambda x, r: (f"implementation={x.setup.implementation} runs transformers' modules: "
+                       f"recompute none or full (got {RECOMPUTE_MODES[r['recompute']]}); use "
+                       "implementation=megatron")),
     Rule("NVMe offload needs a node with NVMe capacity and bandwidth", "offload",
          ("offload_optimizer", "offload_params"),
          lambda x, c: ~_uses_nvme(c) | nvme_ready(x), _nvme_message),

@@ -586,8 +586,11 @@ class Layout(Frozen):
     """For `every_k`: layers per checkpointed segment (ZeRO-Infinity's ci)."""
     sequence_parallel: bool = False
     """Megatron sequence parallelism: norms and dropouts split over the tp ranks."""
-    flash_attention: bool = False
-    """Fused attention that saves no s x s tensors (keeps only softmax statistics)."""
+    flash_attention: bool = True
+    """Fused attention that saves no s x s tensors (keeps only softmax statistics). On by
+    default: Megatron-Core with Transformer Engine (`--attention-backend auto` picks flash or
+    fused attention), transformers' SDPA (the default attention) and FSDP recipes all run a
+    fused kernel for causal LMs; false for the unfused (s x s) account of Korthikanti §4."""
     tempo: tuple[TempoTechnique, ...] = ()
     """Tempo (seed 003) techniques: in-place `gelu`, in-place `layernorm`, `dropout` recompute."""
     micro_batch: int = Field(default=1, gt=0)
@@ -674,3 +677,17 @@ class TrainSetup(Frozen):
     """Bytes of parameters, gradients, master copy and activations (planner.recipes)."""
     optimizer: Optimizer
     """The optimizer's states per parameter (planner.recipes)."""
+    implementation: Literal["megatron", "hf-eager", "hf-sdpa"] = "megatron"
+    """The code that runs the blocks, which decides what they save for backward
+    (planner.memory.implementations, docs/implementations.md): `megatron` (TE / Apex fused
+    kernels, any tp / pp / recompute), `hf-eager` / `hf-sdpa` (transformers' Python modules, eager
+    or SDPA attention; tp = pp = 1, recompute none or full = HF gradient checkpointing). The
+    precision mode comes from the recipe (`autocast-*`: fp32 weights under torch.autocast)."""
+    host_accounting: Literal["deepspeed", "zero-infinity-paper"] = "deepspeed"
+    """Where offloaded states live (planner.memory.host, docs/host.md): `deepspeed` as the engine
+    allocates them (a 16-bit gradient buffer in pinned CPU memory even under NVMe offload),
+    `zero-infinity-paper` as the paper counts them (that buffer on NVMe too)."""
+    reserve_gib: float | None = Field(default=None, ge=0)
+    """Runtime reserve per GPU, GiB, replacing the profile's CUDA context, NCCL, cuBLAS and
+    fragmentation parts (`--reserve`); None: those parts from the GPU profile
+    (planner.memory.reserve, docs/reserve.md)."""

@@ -8,7 +8,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 from planner.io.jobfile import make_setup
+from planner.search.suggest import Suggestion, suggest_changes
 from planner.memory.plan import MemoryPlan, plan_memory
+from planner.core.errors import PlanInputError
 from planner.core.spec import Cluster, Frozen, Layout, ModelSpec, TrainSetup
 from planner.search.strategies import cluster_with_gpus
 
@@ -27,6 +29,8 @@ class CheckResult(Frozen):
     plan: MemoryPlan
     notes: tuple[str, ...] = ()
     """Assumptions made while reading the file (see EngineJob.notes)."""
+    suggestions: tuple[Suggestion, ...] = ()
+    """When it does not fit: the smallest changes that make it fit (planner.search.suggest)."""
 
     @property
     def fits(self) -> bool:
@@ -34,15 +38,39 @@ class CheckResult(Frozen):
 
 
 def check(model: ModelSpec, cluster: Cluster, layout: Layout, setup: TrainSetup,
-          source: Source = "job", notes: Sequence[str] = ()) -> CheckResult:
-    """Plan the memory of validated inputs (plan_memory validates the cross-field rules)."""
+          source: Source = "job", notes: Sequence[str] = (), *, reserve_gib: float | None = None,
+          cpu_mem_gib: float | None = None, implementation: str | None = None,
+          host_accounting: str | None = None) -> CheckResult:
+    """Plan the memory of validated inputs (plan_memory validates the cross-field rules).
+    `reserve_gib` / `cpu_mem_gib` (`--reserve`, `--cpu-mem-gib`) replace the setup's reserve and
+    the nodes' host RAM when given; `implementation` (`--implementation`) the setup's."""
+    if reserve_gib is not None:
+        setup = setup.model_copy(update={"reserve_gib": reserve_gib})
+    if implementation is not None:
+        from planner.memory.implementations import IMPLEMENTATIONS
+
+        if implementation not in IMPLEMENTATIONS:
+            raise PlanInputError("--implementation", f"{implementation!r}; allowed: {', '.join(IMPLEMENTATIONS)}")
+        setup = setup.model_copy(update={"implementation": implementation})
+    if host_accounting is not None:
+        from planner.memory.host import check_accounting
+
+        check_accounting(host_accounting)
+        setup = setup.model_copy(update={"host_accounting": host_accounting})
+    if cpu_mem_gib is not None:
+        from planner.memory.host import with_cpu_memory
+
+        cluster = with_cpu_memory(cluster, cpu_mem_gib)
     plan = plan_memory(model, cluster, layout, setup)
+    suggestions = () if plan.fits else tuple(suggest_changes(model, cluster, layout, setup))
     return CheckResult(source=source, model=model, cluster=cluster, layout=layout, setup=setup,
-                       plan=plan, notes=tuple(notes))
+                       plan=plan, notes=tuple(notes), suggestions=suggestions)
 
 
 def check_deepspeed(path: Path, model: ModelSpec, cluster: Cluster, *, num_gpus: int | None,
-                    seq_len: int, tokens: float, optimizer: str, **numbers: Any) -> CheckResult:
+                    seq_len: int, tokens: float, optimizer: str, reserve_gib: float | None = None,
+                    cpu_mem_gib: float | None = None, implementation: str | None = None,
+                    host_accounting: str | None = None, **numbers: Any) -> CheckResult:
     """A DeepSpeed config on `num_gpus` GPUs of the cluster (default: all of them).
 
     `numbers` are the job's values for "auto" keys and the layout fields the JSON cannot say:
@@ -56,11 +84,22 @@ def check_deepspeed(path: Path, model: ModelSpec, cluster: Cluster, *, num_gpus:
                                 tp=numbers.pop("tp", None) or 1, pp=numbers.pop("pp", None) or 1,
                                 hidden_size=model.hidden_size, **numbers)
     setup = make_setup(seq_len, job.global_batch, tokens, job.precision, optimizer)
-    return check(model, hardware, job.layout, setup, "deepspeed", job.notes)
+    notes = job.notes
+    if implementation is None and _hf_trainer_style(config):
+        if job.layout.tp == job.layout.pp == 1 and job.layout.recompute in ("none", "full"):
+            implementation = "hf-sdpa"
+            notes = (*notes, "the config has \"auto\" values (filled by the HF Trainer): "
+                             "implementation=hf-sdpa assumed (transformers' default attention); "
+                             "--implementation to change")
+    return check(model, hardware, job.layout, setup, "deepspeed", notes,
+                 reserve_gib=reserve_gib, cpu_mem_gib=cpu_mem_gib, implementation=implementation,
+                 host_accounting=host_accounting)
 
 
 def check_megatron(path: Path, cluster: Cluster, *, num_gpus: int | None, tokens: float | None,
-                   optimizer: str | None, default_tokens: float) -> CheckResult:
+                   optimizer: str | None, default_tokens: float, reserve_gib: float | None = None,
+                   cpu_mem_gib: float | None = None, implementation: str | None = None,
+                   host_accounting: str | None = None) -> CheckResult:
     """A Megatron-LM launch line: the model from its flags, GPUs from torchrun's flags, the
     command line's --gpus, or the whole cluster, in that order. Tokens: `tokens`, else the
     line's --train-samples / --train-iters, else `default_tokens`."""
@@ -80,4 +119,19 @@ def check_megatron(path: Path, cluster: Cluster, *, num_gpus: int | None, tokens
         notes = (*notes, f"the launch line runs {job.layout.num_gpus} processes: checked on "
                          f"{job.layout.num_gpus} of the {cluster.num_gpus} GPUs of {cluster.name} "
                          "(the launch line wins over the cluster's size)")
-    return check(job.model, hardware, job.layout, setup, "megatron", notes)
+    return check(job.model, hardware, job.layout, setup, "megatron", notes,
+                 reserve_gib=reserve_gib, cpu_mem_gib=cpu_mem_gib, implementation=implementation,
+                 host_accounting=host_accounting)
+
+
+def _hf_trainer_style(config: Any) -> bool:
+    """A DeepSpeed config with an "auto" value anywhere: the HF Trainer fills those from its
+    TrainingArguments (transformers 5.23.0 integrations/deepspeed.py,
+    `HfTrainerDeepSpeedConfig.fill_match`), so the model is a transformers one, whose default
+    attention is SDPA (modeling_utils.py `get_correct_attn_implementation`: "sdpa" when none is
+    requested). Megatron-DeepSpeed and hand-written configs carry numbers."""
+    if isinstance(config, dict):
+        return any(_hf_trainer_style(v) for v in config.values())
+    if isinstance(config, list):
+        return any(_hf_trainer_style(v) for v in config)
+    return config == "auto"

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
@@ -53,6 +53,12 @@ class SetupSection(Frozen):
     """A recipe name of planner.recipes.PRECISIONS."""
     optimizer: str = DEFAULT_OPTIMIZER
     """An optimizer name of planner.recipes.OPTIMIZERS."""
+    reserve_gib: float | None = Field(default=None, ge=0)
+    """Runtime reserve per GPU, GiB (TrainSetup.reserve_gib); omitted: the GPU profile's parts."""
+    implementation: Literal["megatron", "hf-eager", "hf-sdpa"] = "megatron"
+    """TrainSetup.implementation: the code that runs the blocks."""
+    host_accounting: Literal["deepspeed", "zero-infinity-paper"] = "deepspeed"
+    """TrainSetup.host_accounting: where offloaded states live."""
 
 
 class JobFile(Frozen):
@@ -77,17 +83,21 @@ class JobFile(Frozen):
 
 def make_setup(
     seq_len: int, global_batch: int, train_tokens: float | str, precision: str = DEFAULT_PRECISION,
-    optimizer: str = DEFAULT_OPTIMIZER,
+    optimizer: str = DEFAULT_OPTIMIZER, reserve_gib: float | None = None,
+    implementation: str | None = None, host_accounting: str | None = None,
 ) -> TrainSetup:
     """A TrainSetup from plain values and recipe names (used by the job file and the CLI flags)."""
     section = validate_spec(
         SetupSection, {"seq_len": seq_len, "global_batch": global_batch,
                        "train_tokens": train_tokens, "precision": precision,
-                       "optimizer": optimizer})
+                       "optimizer": optimizer, "reserve_gib": reserve_gib,
+                       "implementation": implementation or "megatron",
+                       "host_accounting": host_accounting or "deepspeed"})
     return TrainSetup(
         seq_len=section.seq_len, global_batch=section.global_batch,
         train_tokens=section.train_tokens, precision=get_precision(section.precision),
-        optimizer=get_optimizer(section.optimizer),
+        optimizer=get_optimizer(section.optimizer), reserve_gib=section.reserve_gib,
+        implementation=section.implementation, host_accounting=section.host_accounting,
     )
 
 

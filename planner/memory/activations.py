@@ -454,6 +454,8 @@ def stage_activations(model: ModelSpec, layout: Layout, setup: TrainSetup,
     extras with chunk v-1 of stage p.
     """
     p, v, m = layout.pp, layout.virtual_stages, layout.grad_accum
+    if setup.implementation != "megatron":
+        return [hf_stage_activations(model, layout, setup, layers_per_stage)]
     if len(layers_per_stage) != p:
         raise PlanInputError("layers_per_stage", f"{len(layers_per_stage)} stages given for pp={p}")
     s, b, e = setup.seq_len, layout.micro_batch, setup.precision.activation_bytes
@@ -479,6 +481,25 @@ def stage_activations(model: ModelSpec, layout: Layout, setup: TrainSetup,
             extras=first | last, recompute_working_bytes=working, total_bytes=kept + working,
         ))
     return result
+
+
+def hf_stage_activations(model: ModelSpec, layout: Layout, setup: TrainSetup,
+                         layers_per_stage: list[int]) -> StageActivations:
+    """A transformers model on one GPU of a data-parallel job (tp = pp = 1, the rule table):
+    one micro-batch in flight (accumulation runs them one after another), its blocks'
+    inventory and the outside extras (planner.memory.implementations.hf_activation_bytes)."""
+    from planner.memory.implementations import hf_activation_bytes
+
+    if layout.tp != 1 or len(layers_per_stage) != 1:
+        raise PlanInputError("implementation", f"{setup.implementation} runs tp=1, pp=1 "
+                             f"(got tp={layout.tp}, pp={len(layers_per_stage)})")
+    n = layers_per_stage[0]
+    block, outside, working = hf_activation_bytes(model, setup, layout.recompute, layout.micro_batch)
+    per_microbatch = n * block + outside
+    return StageActivations(
+        stage=1, num_layers=n, in_flight_microbatches=1, in_flight_chunks=1,
+        per_microbatch_bytes=per_microbatch, extras={"outside_blocks": outside},
+        recompute_working_bytes=working, total_bytes=per_microbatch + working)
 
 
 # --------------------------------------------------------------------------- seed closed forms

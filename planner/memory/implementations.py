@@ -25,7 +25,7 @@ from typing import Literal
 import numpy as np
 
 from planner.core.errors import PlanInputError
-from planner.core.spec import Frozen, Layout, ModelSpec
+from planner.core.spec import Frozen, Layout, ModelSpec, PrecisionRecipe, TrainSetup
 from planner.memory import activations
 
 FP32_BYTES = 4
@@ -378,3 +378,46 @@ def model_saved_bytes(model: ModelSpec, impl: Implementation, seq_len: int, micr
     n = model.num_layers if num_layers is None else num_layers
     block = sum(block_saved_bytes(model, impl, seq_len, micro_batch).values())
     return n * block + sum(hf_outside_saved_bytes(model, impl, seq_len, micro_batch).values())
+
+
+# --------------------------------------------------------------------------- the plan's view
+
+
+def precision_mode(recipe: PrecisionRecipe) -> PrecisionMode:
+    """The precision mode a recipe runs: `autocast-*` recipes (fp32 weights under autocast),
+    fp32, else the 16-bit compute dtype (bf16 / fp16 weights, fp32 master as a model state)."""
+    if recipe.name.startswith("autocast-"):
+        return f"autocast-{recipe.compute_dtype}"  # type: ignore[return-value]
+    if recipe.compute_dtype in ("fp32", "tf32"):
+        return "fp32"
+    if recipe.compute_dtype not in ("bf16", "fp16"):
+        raise PlanInputError("precision", f"{recipe.name} computes in {recipe.compute_dtype}; "
+                             "transformers' inventories cover fp32, bf16, fp16 and autocast")
+    return recipe.compute_dtype  # type: ignore[return-value]
+
+
+def setup_implementation(setup: TrainSetup, recompute: str) -> Implementation:
+    """The Implementation a TrainSetup runs (CUDA kernels; HF checkpointing when `recompute`
+    is `full`). Only for setup.implementation hf-*; megatron goes through activations.py."""
+    if recompute not in ("none", "full"):
+        raise PlanInputError("recompute", f"{setup.implementation} has no {recompute} recompute: "
+                             "none, or full (gradient checkpointing)")
+    return Implementation(name=setup.implementation, precision=precision_mode(setup.precision),
+                          recompute=recompute)  # type: ignore[arg-type]
+
+
+def hf_activation_bytes(model: ModelSpec, setup: TrainSetup, recompute: str,
+                        micro_batch) -> tuple[int, int, int]:
+    """(one block kept, outside the blocks, recompute working) bytes of a transformers model on
+    one GPU (tp = pp = 1): the block under `recompute`, `hf_outside_saved_bytes` (embedding,
+    final norm, head, loss) and, under full recompute, one block's whole inventory
+    re-materialised during its backward."""
+    impl = setup_implementation(setup, recompute)
+    s = setup.seq_len
+    block = sum(block_saved_bytes(model, impl, s, micro_batch).values())
+    outside = sum(hf_outside_saved_bytes(model, impl, s, micro_batch).values())
+    working = 0
+    if recompute == "full":
+        whole = impl.model_copy(update={"recompute": "none"})
+        working = sum(hf_block_saved_bytes(model, whole, s, micro_batch).values())
+    return block, outside, working

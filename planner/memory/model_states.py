@@ -30,6 +30,7 @@ from planner.core.columns import LayoutColumns
 from planner.core.errors import PlanInputError
 from planner.core.params import StageParams, largest_param_numel, layer_tensors_per_rank, norm_params
 from planner.core.recipes import optimizer_bytes_per_param
+from planner.memory.host import PAPER_MOVES_TO_NVME, check_accounting
 from planner.core.spec import (
     EngineBuffers,
     Frozen,
@@ -161,10 +162,13 @@ class StateParts(NamedTuple):
 
 
 def state_parts(num_params, cols: LayoutColumns, precision: PrecisionRecipe,
-                optimizer: Optimizer) -> StateParts:
+                optimizer: Optimizer, accounting: str = "deepspeed") -> StateParts:
     """Per-GPU model states under ZeRO over dp ranks, with offload (seed 001 §2, 000 §3), for
     every row of `cols` (reads dp, zero_stage, offload_optimizer, offload_params, grad_accum).
-    `num_params`: the GPU's parameters before ZeRO, one per row (or one for all)."""
+    `num_params`: the GPU's parameters before ZeRO, one per row (or one for all).
+    `accounting` (planner.memory.host.HOST_ACCOUNTINGS): `deepspeed` as the engine allocates;
+    `zero-infinity-paper` moves host.PAPER_MOVES_TO_NVME to NVMe on rows offloading the
+    optimizer to NVMe (the array form of host.apply_host_accounting)."""
     z, opt, par = cols["zero_stage"], cols["offload_optimizer"], cols["offload_params"]
     P = np.broadcast_to(num_params, z.shape)
     part = partition_numel(P, cols["dp"])
@@ -196,17 +200,22 @@ def state_parts(num_params, cols: LayoutColumns, precision: PrecisionRecipe,
         "fp32_grad_partition": ((opt == 2) & (fp32_grad > 0), fp32_grad),
         "param_partition": (par == 2, params),
     }
+    check_accounting(accounting)
+    if accounting == "zero-infinity-paper":
+        for name in PAPER_MOVES_TO_NVME:
+            mask, values = cpu[name]
+            cpu[name], nvme[name] = (mask & (opt != 2), values), (mask & (opt == 2), values)
     return StateParts(gpu, cpu, nvme, part)
 
 
 def model_state_bytes(num_params: int, precision: PrecisionRecipe, optimizer: Optimizer,
-                      layout: Layout) -> ModelStateBytes:
+                      layout: Layout, accounting: str = "deepspeed") -> ModelStateBytes:
     """`state_parts` of one layout (the length-1 evaluation, exact Python ints)."""
     if num_params < 0:
         raise PlanInputError("num_params", f"must be >= 0 (got {num_params})")
     check_offload(layout)
     cols = exact_columns(layout)
-    parts = state_parts(np.array([num_params], dtype=object), cols, precision, optimizer)
+    parts = state_parts(np.array([num_params], dtype=object), cols, precision, optimizer, accounting)
     gpu, cpu, nvme = (parts_row(p) for p in parts[:3])
     params, grads, opt = (gpu.get(k, 0) for k in ("params", "grads", "optimizer"))
     return ModelStateBytes(

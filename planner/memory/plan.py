@@ -13,6 +13,8 @@ from planner.memory import activations, model_states
 from planner.core import params
 from planner.core import rules
 from planner.core.columns import LayoutColumns
+from planner.memory.host import accounting_used
+from planner.memory.reserve import layout_reserve_bytes, reserve_missing_note, training_communicators
 from planner.core.spec import GIB, Cluster, Frozen, Layout, ModelSpec, TrainSetup, ceil_div
 
 
@@ -36,6 +38,7 @@ class StageMemory(Frozen):
     """Named working memory (recompute of one checkpointed segment during backward)."""
     total_bytes: int
     capacity_bytes: int
+    """Nominal HBM minus the runtime reserve (MemoryPlan.reserve)."""
     headroom_bytes: int
     """capacity - total; negative when the stage overflows."""
     fits: bool
@@ -58,6 +61,14 @@ class MemoryPlan(Frozen):
     fits: bool
     overflows: list[str]
     """One phrase per overflowing resource, e.g. `GPU memory on stage 1 by 12.30 GiB`."""
+    reserve: dict[str, int] = {}
+    """Runtime reserve of every GPU, named parts in bytes (planner.memory.reserve); capacity =
+    nominal HBM - their sum. Empty when the GPU profile cannot say (see `reserve_note`)."""
+    reserve_note: str = ""
+    """Why no reserve was subtracted, when none was."""
+    host_accounting_note: str = ""
+    """Which host accounting the plan used, when offloading makes the two differ
+    (planner.memory.host.accounting_used)."""
 
     @property
     def peak_stage(self) -> StageMemory:
@@ -81,11 +92,13 @@ def plan_memory(model: ModelSpec, cluster: Cluster, layout: Layout, setup: Train
     stage_acts = activations.stage_activations(
         model, layout, setup, [s.num_layers for s in stage_params]
     )
-    capacity = cluster.gpu.memory_bytes
+    reserve = gpu_reserve(cluster, layout, setup)
+    capacity = cluster.gpu.memory_bytes - sum(reserve.values())
     stages: list[StageMemory] = []
     host: list[tuple[int, int]] = []  # (cpu_bytes, nvme_bytes) per GPU of each stage
     for index, (sp, act) in enumerate(zip(stage_params, stage_acts, strict=True)):
-        states = model_states.model_state_bytes(sp.total, setup.precision, setup.optimizer, layout)
+        states = model_states.model_state_bytes(sp.total, setup.precision, setup.optimizer, layout,
+                                                 setup.host_accounting)
         buffers = model_states.buffer_bytes(model, layout, setup.precision, sp)
         working = {"recompute_segment": act.recompute_working_bytes} if act.recompute_working_bytes else {}
         kept = act.total_bytes - act.recompute_working_bytes
@@ -111,7 +124,17 @@ def plan_memory(model: ModelSpec, cluster: Cluster, layout: Layout, setup: Train
         host.append((states.cpu_bytes, states.nvme_bytes))
     node = _busiest_node(cluster, layout, host)
     overflows = _overflows(stages, node)
-    return MemoryPlan(stages=stages, node=node, fits=not overflows, overflows=overflows)
+    note = "" if reserve else reserve_missing_note(cluster.gpu)
+    used = accounting_used(setup.host_accounting, layout.zero_stage, layout.offload_optimizer)
+    return MemoryPlan(stages=stages, node=node, fits=not overflows, overflows=overflows,
+                      reserve=reserve, reserve_note=note, host_accounting_note=used or "")
+
+
+def gpu_reserve(cluster: Cluster, layout: Layout, setup: TrainSetup) -> dict[str, int]:
+    """The runtime reserve of one GPU of this layout: one NCCL communicator per parallel group
+    of size > 1 (planner.memory.reserve; the sweep uses the same `layout_reserve_bytes`)."""
+    communicators = training_communicators(layout.tp, layout.pp, layout.dp)
+    return layout_reserve_bytes(cluster.gpu, communicators, setup.reserve_gib)
 
 
 def node_stage_ranks(ranks_per_stage: int, pp: int, gpus_per_node: int, num_nodes: int,

@@ -27,6 +27,8 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 from planner.core.errors import PlanInputError
 from planner.core.spec import GIB, KIB, MIB, GpuSpec
 
@@ -134,3 +136,41 @@ def headroom_warning(headroom_bytes: int, capacity_bytes: int,
         return None
     return (f"headroom {headroom_bytes / GIB:.2f} GiB is below the {margin_fraction:.0%} margin "
             f"({margin / GIB:.2f} GiB): within the planner's error, it may not fit")
+
+
+def reserve_known(gpu: GpuSpec) -> bool:
+    """The GPU profile carries every number the reserve's parts need."""
+    return None not in (gpu.usable_memory_gib, gpu.cuda_context_mib, gpu.cublas_workspace_kib)
+
+
+def layout_reserve_bytes(gpu: GpuSpec, communicators: int, override_gib: float | None = None) -> dict[str, int]:
+    """The reserve the memory plan and the sweep subtract (one definition for both).
+
+    `override_gib` (TrainSetup.reserve_gib, `--reserve`): that many GiB as `user_reserve`, plus
+    the driver's shortfall when the profile knows it. Without an override and a profile lacking
+    the reserve fields: no parts ({}): capacity stays the nominal HBM and the plan says so
+    (`reserve_missing_note`), rather than inventing a number.
+    """
+    override = None if override_gib is None else int(round(override_gib * GIB))
+    if gpu.usable_memory_gib is None:
+        return {} if override is None else {"user_reserve": override}
+    if override is None and not reserve_known(gpu):
+        return {}
+    return runtime_reserve_bytes(gpu, communicators=communicators, override_bytes=override)
+
+
+def reserve_missing_note(gpu: GpuSpec) -> str:
+    """What a plan without a reserve says (a GPU profile without the reserve fields)."""
+    return (f"gpu {gpu.name} has no usable_memory_gib / cuda_context_mib / cublas_workspace_kib "
+            "in its profile: no runtime reserve subtracted (capacity = nominal HBM); give one "
+            "with --reserve GIB")
+
+
+def reserve_column(gpu: GpuSpec, override_gib: float | None, tp, pp, dp) -> np.ndarray:
+    """`layout_reserve_bytes` of every layout of columns tp, pp, dp (the sweep's and the
+    strategy table's capacity, the same number plan_memory subtracts): the reserve for 0-3
+    communicators, picked per row by `training_communicators`' count of degrees above 1."""
+    per_count = np.array([sum(layout_reserve_bytes(gpu, n, override_gib).values()) for n in range(4)],
+                         dtype=np.int64)
+    count = sum((np.asarray(d) > 1).astype(np.int64) for d in (tp, pp, dp))
+    return per_count[count]

@@ -11,6 +11,7 @@ from planner.memory.plan import MemoryPlan, plan_memory
 from planner.core.recipes import get_optimizer, get_precision
 from planner.core.spec import Cluster, Frozen, Layout, ModelSpec, TrainSetup
 from planner.search.strategies import StrategyMinimum, strategy_minimums
+from planner.search.suggest import Suggestion, search_suggestions, suggest_changes
 
 
 class FitResult(Frozen):
@@ -30,6 +31,8 @@ class FitResult(Frozen):
     strategies: list[StrategyMinimum]
     """Minimum GPUs of each strategy (search mode only)."""
     fits: bool
+    suggestions: list[Suggestion] = []
+    """When it does not fit: the smallest changes that make it fit (planner.search.suggest)."""
 
 
 class ModelSummary(Frozen):
@@ -65,6 +68,7 @@ def fit_layout(
     return FitResult(
         model=model, params_total=params.count_params(model).total, cluster=cluster, setup=setup,
         searched=False, layout=layout, memory=memory, step=step, strategies=[], fits=memory.fits,
+        suggestions=[] if memory.fits else suggest_changes(model, cluster, layout, setup),
     )
 
 
@@ -81,6 +85,7 @@ def fit_search(
         return FitResult(
             model=model, params_total=total, cluster=cluster, setup=setup, searched=True,
             layout=None, memory=None, step=None, strategies=strategies, fits=False,
+            suggestions=search_suggestions(model, cluster, setup, strategies),
         )
     layout, step = best
     memory = plan_memory(model, cluster, layout, setup)

@@ -18,6 +18,7 @@ import numpy as np
 from planner.core import rules
 from planner.core.errors import PlanInputError
 from planner.memory.host import partial_node
+from planner.memory.reserve import reserve_column
 from planner.core import params
 from planner.core.columns import LayoutColumns
 from planner.memory import activations, model_states
@@ -89,27 +90,38 @@ def _fits_many(model: ModelSpec, cluster: Cluster, base: Layout, setup: TrainSet
     acts = activations.stage_activations(model, base, setup, [s.num_layers for s in stages])
     prec, opt, node = setup.precision, setup.optimizer, cluster.node
     fits = np.ones(len(dps), dtype=bool)
+    capacity = cluster.gpu.memory_bytes - reserve_column(
+        cluster.gpu, setup.reserve_gib, cols["tp"], cols["pp"], cols["dp"])
     host = []
     for sp, act in zip(stages, acts, strict=True):
         largest = params.largest_param_numel(model, base.tp, sp.stage, base.pp)
         persistent = model_states.zero3_persistent_numel(
             model, base.tp, sp, base.pp, base.buffers.param_persistence_threshold)
         P = np.full(len(dps), sp.total, dtype=np.int64)
-        states = model_states.state_parts(P, cols, prec, opt)
+        states = model_states.state_parts(P, cols, prec, opt, setup.host_accounting)
         buffers = model_states.buffer_parts(P, largest, persistent, cols, prec, base.buffers)
         gpu = model_states.parts_total(states.gpu, P) + model_states.parts_total(buffers, P)
-        fits &= gpu + act.total_bytes <= cluster.gpu.memory_bytes
+        fits &= gpu + act.total_bytes <= capacity
         host.append((model_states.parts_total(states.cpu, P), model_states.parts_total(states.nvme, P)))
     if base.pp > 1 and any(np.any(c) or np.any(n) for c, n in host):
         return np.array([_fits(model, cluster, base.model_copy(update={"dp": int(d)}), setup)
                          for d in dps], dtype=bool)
     cpu, nvme = host[0]
-    # A job on part of a node gets that part's share of its RAM and NVMe (memory.host.partial_node,
-    # as cluster_with_gpus builds it for plan_memory).
-    shares = {int(c): partial_node(node, int(c)) for c in np.unique(per_node)}
-    cpu_cap = np.array([shares[int(c)].cpu_memory_bytes for c in per_node], dtype=np.int64)
-    nvme_cap = np.array([shares[int(c)].nvme_bytes for c in per_node], dtype=np.int64)
+    cpu_cap, nvme_cap = _host_capacity(cluster, counts)
     return fits & (per_node * cpu <= cpu_cap) & (per_node * nvme <= nvme_cap)
+
+
+def _host_capacity(cluster: Cluster, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """CPU and NVMe bytes of the node a job on `counts` GPUs sees: on a slice of a node its
+    share (`cluster_with_gpus` -> `partial_node`, what fit and check plan with), else the node."""
+    shares = {int(n): cluster_with_gpus(cluster, int(n)).node for n in np.unique(counts)
+              if n < cluster.node.gpus_per_node}
+    node = cluster.node
+    cpu = np.array([shares[int(n)].cpu_memory_bytes if int(n) in shares else node.cpu_memory_bytes
+                    for n in counts], dtype=np.int64)
+    nvme = np.array([shares[int(n)].nvme_bytes if int(n) in shares else node.nvme_bytes
+                     for n in counts], dtype=np.int64)
+    return cpu, nvme
 
 
 def _min_dp(model: ModelSpec, cluster: Cluster, base: Layout, setup: TrainSetup) -> int | None:

@@ -32,7 +32,8 @@ from collections.abc import Callable
 
 import numpy as np
 
-from planner.memory import activations, model_states, plan
+from planner.memory import activations, implementations, model_states, plan
+from planner.memory.reserve import reserve_column
 from planner.core import params
 from planner.timing import steptime
 from planner.core.errors import PlanInputError
@@ -67,7 +68,7 @@ class Constraints(Frozen):
     max_pp: int | None = None
     max_virtual_stages: int | None = None
     allow_cross_node_tp: bool = False
-    flash_attention: bool = False
+    flash_attention: bool = True
     """Fixed for every candidate (not a searched dimension)."""
     buffers: EngineBuffers = EngineBuffers()
     """The engines' bucket sizes of every candidate (e.g. a DeepSpeed config's), as
@@ -164,7 +165,9 @@ def enumerate_layouts(model: ModelSpec, cluster: Cluster, setup: TrainSetup,
     pairs = pairs.take(ok)
     states, state_rejected = state_options(model, cluster, setup, c)
     rejected |= state_rejected
-    recompute = _ints([i for i, r in enumerate(SEARCHED_RECOMPUTE) if _allowed(r, c.recompute)])
+    recompute = _ints([RECOMPUTE_MODES.index(r) for r in SEARCHED_RECOMPUTE if _allowed(r, c.recompute)])
+    rec_ok, _ = rules.mask(ctx, LayoutColumns(dict(recompute=recompute)))  # implementation's modes
+    recompute = recompute[rec_ok]
     seq_par = np.array([s for s in (False, True) if _allowed(s, c.sequence_parallel)], dtype=bool)
     # the product (pairs x states x recompute x sp, in this nesting order); the rules that read
     # sequence_parallel and the DDP-equivalence pruning are marked on it before any column
@@ -240,11 +243,35 @@ def node_stage_counts(tp: int, dp: int, pp: int, gpus_per_node: int,
     return sorted(rows)
 
 
+def hf_activation_column(model: ModelSpec, setup: TrainSetup, rec, b) -> np.ndarray:
+    """Activation bytes (kept + working) of every hf-* candidate (tp = pp = 1: one stage of all
+    layers), exact: transformers' inventories hold parts that do not grow with the micro-batch
+    (rotary cos/sin, autocast's weight casts, the b = 1 targets view), so each distinct
+    (recompute, micro_batch) pair is evaluated once with `hf_activation_bytes`."""
+    keys, inv = _group(rec, b)
+    out = []
+    for r, mb in keys.tolist():
+        if RECOMPUTE_MODES[r] not in ("none", "full"):
+            out.append(0)  # masked by the rule table
+            continue
+        block, outside, working = implementations.hf_activation_bytes(model, setup, RECOMPUTE_MODES[r], mb)
+        out.append(model.num_layers * block + outside + working)
+    return np.array(out, dtype=np.int64)[inv]
+
+
 def activation_table(model: ModelSpec, setup: TrainSetup, tp: int, rec: int, sp: bool,
                      flash: bool) -> tuple[int, int, int, int]:
     """(one block kept, first extras, last extras, recompute working) bytes at micro_batch = 1
     from the activations module. Every entry is linear in the micro-batch (b multiplies each
-    product) and a chunk of n blocks keeps n x one block (`layers_kept_bytes` without every_k)."""
+    product) and a chunk of n blocks keeps n x one block (`layers_kept_bytes` without every_k).
+    hf-* (transformers' modules, not linear in b): `hf_activation_column` replaces this table's
+    figures in `evaluate`; the b = 1 figures here serve the step-time side only."""
+    if setup.implementation != "megatron":  # tp = pp = 1 (rule table); per micro-batch at b = 1
+        if tp != 1 or RECOMPUTE_MODES[rec] not in ("none", "full"):
+            return (0, 0, 0, 0)  # masked by the rule table
+        block, outside, working = implementations.hf_activation_bytes(
+            model, setup, RECOMPUTE_MODES[rec], 1)
+        return block, outside, 0, working
     lay = Layout(tp=tp, recompute=RECOMPUTE_MODES[rec], sequence_parallel=sp, flash_attention=flash)
     s, e = setup.seq_len, setup.precision.activation_bytes
     return (
@@ -268,7 +295,8 @@ def state_bytes(P, dp, zero, opt, par, m, setup: TrainSetup):
     summed (the only formula; kept for callers that hold bare arrays)."""
     cols = LayoutColumns(dict(dp=dp, zero_stage=zero, offload_optimizer=opt, offload_params=par,
                               grad_accum=m))
-    parts = model_states.state_parts(P, cols, setup.precision, setup.optimizer)
+    parts = model_states.state_parts(P, cols, setup.precision, setup.optimizer,
+                                       setup.host_accounting)
     like = np.asarray(P) * 0 + cols["dp"] * 0
     return tuple(model_states.parts_total(p, like) for p in parts[:3])
 
@@ -326,7 +354,8 @@ def model_state_columns(cluster: Cluster, setup: TrainSetup, cands: LayoutColumn
     gpu, host = [], []
     for kind in (0, 1, 2):  # first, middle, last stage
         P = tables["params"][row, kind]
-        states = model_states.state_parts(P, sub, setup.precision, setup.optimizer)
+        states = model_states.state_parts(P, sub, setup.precision, setup.optimizer,
+                                           setup.host_accounting)
         buffers_parts = model_states.buffer_parts(
             P, tables["largest"][row, kind], tables["persistent"][row, kind], sub,
             setup.precision, buffers)
@@ -364,8 +393,11 @@ def evaluate(model: ModelSpec, cluster: Cluster, setup: TrainSetup, cands: dict[
         cluster, setup, cands, keys, inv, tables, c.buffers)
     gpu_first = states_first + b * (kept_f + working)
     gpu_last = states_last + b * (kept_l + working)
+    if setup.implementation != "megatron":  # not linear in b: exact per (recompute, b)
+        gpu_first = gpu_last = states_first + hf_activation_column(model, setup, rec, b)
     peak = np.maximum(gpu_first, gpu_last)
-    capacity = cluster.gpu.memory_bytes
+    capacity = cluster.gpu.memory_bytes - reserve_column(
+        cluster.gpu, setup.reserve_gib, cands["tp"], cands["pp"], cands["dp"])
     out = dict(gpu_peak_bytes=peak, peak_stage=np.where(gpu_last > gpu_first, pp, 1),
                headroom_bytes=capacity - peak, node_cpu_bytes=node_cpu, node_nvme_bytes=node_nvme)
     out |= steptime.step_columns(model, cluster, setup, cands, tables["max_layers"][inv, 0],

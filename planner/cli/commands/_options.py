@@ -93,8 +93,29 @@ TokensOpt = Annotated[Optional[float], typer.Option(
                             "launch line's).", rich_help_panel=SETUP)]
 PrecisionOpt = Annotated[Optional[str], typer.Option(
     "--precision", help="Precision recipe: zero-fp16 (16 B/param), bf16-mixed (16), megatron-bf16 "
-                        "(18), zero-infinity-fp16 (20), fp32 (16) (default: zero-fp16, or what the "
+                        "(18), zero-infinity-fp16 (20), fp32 (16), autocast-bf16 / autocast-fp16 "
+                        "(16: fp32 weights under autocast) (default: zero-fp16, or what the "
                         "engine config says).", rich_help_panel=SETUP)]
+ImplementationOpt = Annotated[Optional[str], typer.Option(
+    "--implementation",
+    help="The code that runs the blocks: megatron (fused kernels), hf-eager or hf-sdpa "
+         "(transformers; tp = pp = 1). Its precision mode: --precision autocast-bf16 for fp32 "
+         "weights under autocast (default: megatron, or what the engine config implies; "
+         "docs/implementations.md).", rich_help_panel=SETUP)]
+HostAccountingOpt = Annotated[Optional[str], typer.Option(
+    "--host-accounting",
+    help="Where offloaded states live: deepspeed (as the engine allocates: a 16-bit gradient "
+         "buffer in pinned CPU memory even under NVMe offload) or zero-infinity-paper (default: "
+         "deepspeed; docs/host.md).", rich_help_panel=SETUP)]
+ReserveOpt = Annotated[Optional[float], typer.Option(
+    "--reserve", callback=finite,
+    help="Runtime reserve per GPU, GiB, replacing the GPU profile's parts (CUDA context, NCCL "
+         "buffers, cuBLAS workspace; in training plans also fragmentation) (default: the "
+         "profile's; docs/reserve.md).", rich_help_panel=SETUP)]
+CpuMemOpt = Annotated[Optional[float], typer.Option(
+    "--cpu-mem-gib", min=0, callback=finite,
+    help="Host RAM per node this job may use, GiB (default: the node profile's, or its share on "
+         "a slice of a node; docs/host.md).", rich_help_panel=SETUP)]
 OptimizerOpt = Annotated[Optional[str], typer.Option(
     "--optimizer", help="Optimizer: adam, adamw, sgd-momentum, sgd, adam-8bit (default: adam, or "
                         "the launch line's).", rich_help_panel=SETUP)]
@@ -144,7 +165,7 @@ SequenceParallelOpt = Annotated[Optional[bool], typer.Option(
     rich_help_panel=LAYOUT)]
 FlashAttentionOpt = Annotated[Optional[bool], typer.Option(
     "--flash-attention/--no-flash-attention",
-    help="Fused attention: no s x s tensors saved (default: off for training plans, on for infer).",
+    help="Fused attention: no s x s tensors saved (default: on, as Megatron/TE and HF SDPA run).",
     rich_help_panel=LAYOUT)]
 TempoOpt = Annotated[Optional[str], typer.Option(
     "--tempo", help="Tempo techniques: gelu,layernorm,dropout or all.", rich_help_panel=LAYOUT)]
@@ -222,6 +243,15 @@ def resolve_cluster(
     if gpu is None or gpus is None:
         raise PlanInputError("--cluster", "give --cluster NAME, or --gpu NAME with --gpus N")
     return cluster_for_gpus(gpu, gpus, dirs)
+
+
+def with_host_memory(cluster: Cluster, cpu_mem_gib: Optional[float]) -> Cluster:
+    """The cluster with `--cpu-mem-gib` GiB of host RAM per node, when given."""
+    if cpu_mem_gib is None:
+        return cluster
+    from planner.memory.host import with_cpu_memory
+
+    return with_cpu_memory(cluster, cpu_mem_gib)
 
 
 def default_seq_len(model: ModelSpec, seq_len: Optional[int]) -> int:

@@ -43,6 +43,10 @@ def check(
     recompute: opt.RecomputeOpt = None,
     recompute_every_k: opt.RecomputeEveryKOpt = None,
     flash_attention: opt.FlashAttentionOpt = None,
+    implementation: opt.ImplementationOpt = None,
+    host_accounting: opt.HostAccountingOpt = None,
+    reserve: opt.ReserveOpt = None,
+    cpu_mem_gib: opt.CpuMemOpt = None,
     profiles: opt.ProfilesOpt = None,
     json_out: opt.JsonOpt = False,
 ) -> None:
@@ -61,13 +65,15 @@ def check(
                              + (f" (got {', '.join(sources)})" if sources else ""))
     numbers = dict(tp=tp, pp=pp, micro_batch=micro_batch, grad_accum=grad_accum, global_batch=global_batch,
                    recompute=recompute, recompute_every_k=recompute_every_k, flash_attention=flash_attention)
+    host = dict(reserve_gib=reserve, cpu_mem_gib=cpu_mem_gib, implementation=implementation,
+                host_accounting=host_accounting)
     if job is not None:
         _refuse_given("check", "a job file says everything", dict(
             numbers, model=model, cluster=cluster, gpu=gpu, gpus=gpus, seq_len=seq_len, tokens=tokens,
             precision=precision, optimizer=optimizer))
         from planner.io.jobfile import load_job
 
-        result = lib.check(*load_job(job, opt.extra_dirs(profiles)), source="job")
+        result = lib.check(*load_job(job, opt.extra_dirs(profiles)), source="job", **host)
     elif deepspeed is not None:
         if model is None:
             raise PlanInputError("--model", "--deepspeed needs --model (a DeepSpeed config has no model)")
@@ -76,19 +82,21 @@ def check(
         result = lib.check_deepspeed(
             deepspeed, spec, hardware, num_gpus=gpus, seq_len=opt.default_seq_len(spec, seq_len),
             tokens=tokens or opt.DEFAULT_TOKENS, optimizer=optimizer or opt.DEFAULT_OPTIMIZER,
-            precision=precision, **numbers)
+            precision=precision, **host, **numbers)
     else:
         _refuse_given("--megatron-args", "the launch line says these",
                       dict(numbers, model=model, seq_len=seq_len, precision=precision))
         hardware = _hardware(cluster, gpu, gpus, profiles)
         result = lib.check_megatron(cast(Path, megatron_args), hardware, num_gpus=gpus, tokens=tokens,
-                                    optimizer=optimizer, default_tokens=opt.DEFAULT_TOKENS)
+                                    optimizer=optimizer, default_tokens=opt.DEFAULT_TOKENS, **host)
     for note in result.notes:  # assumptions and which input won: diagnostics, on stderr
         print(f"zplan: note: {note}", file=sys.stderr)
     if json_out:
         render.emit(result)
     else:
         print(render.verdict_line(result))
+        for line in render.suggestion_lines(result.suggestions):
+            print(line)
     raise typer.Exit(EXIT_FITS if result.fits else EXIT_DOES_NOT_FIT)
 
 

@@ -43,6 +43,10 @@ def export(
     tokens: opt.TokensOpt = None,
     precision: opt.PrecisionOpt = None,
     optimizer: opt.OptimizerOpt = None,
+    implementation: opt.ImplementationOpt = None,
+    host_accounting: opt.HostAccountingOpt = None,
+    reserve: opt.ReserveOpt = None,
+    cpu_mem_gib: opt.CpuMemOpt = None,
     output: opt.OutputOpt = None,
     force: opt.ForceOpt = False,
     nvme_path: Annotated[str, typer.Option(help="DeepSpeed nvme_path for NVMe offload.")] = "/local_nvme",
@@ -73,7 +77,8 @@ def export(
     )
     given = any(v is not None for v in layout_fields.values())
     if job is not None:
-        others = (model, cluster, gpu, gpus, seq_len, global_batch, tokens, precision, optimizer)
+        others = (model, cluster, gpu, gpus, seq_len, global_batch, tokens, precision, optimizer,
+                  reserve, cpu_mem_gib, implementation, host_accounting)
         if given or any(value is not None for value in others):
             raise PlanInputError("--job", "the job file gives model, cluster, layout and setup; drop the other flags")
         from planner.io.jobfile import load_job
@@ -83,9 +88,11 @@ def export(
         if model is None:
             raise PlanInputError("--model", "give --model (or --job JOB.yaml)")
         spec = opt.resolve_model(model, profiles)
-        hardware = opt.resolve_cluster(cluster, gpu, gpus, profiles)
+        hardware = opt.with_host_memory(opt.resolve_cluster(cluster, gpu, gpus, profiles), cpu_mem_gib)
         length = opt.default_seq_len(spec, seq_len)
-        names = dict(precision=precision or opt.DEFAULT_PRECISION, optimizer=optimizer or opt.DEFAULT_OPTIMIZER)
+        names = dict(precision=precision or opt.DEFAULT_PRECISION, optimizer=optimizer or opt.DEFAULT_OPTIMIZER,
+                     reserve_gib=reserve, implementation=implementation,
+                     host_accounting=host_accounting)
         run_tokens = tokens if tokens is not None else opt.DEFAULT_TOKENS
         if given:
             layout, batch = opt.layout_from_flags(hardware, global_batch, **layout_fields)

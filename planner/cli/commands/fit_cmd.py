@@ -41,6 +41,10 @@ def fit(
     tokens: opt.TokensOpt = None,
     precision: opt.PrecisionOpt = None,
     optimizer: opt.OptimizerOpt = None,
+    implementation: opt.ImplementationOpt = None,
+    host_accounting: opt.HostAccountingOpt = None,
+    reserve: opt.ReserveOpt = None,
+    cpu_mem_gib: opt.CpuMemOpt = None,
     calibration: opt.CalibrationOpt = None,
     efficiency: opt.EfficiencyOpt = None,
     profiles: opt.ProfilesOpt = None,
@@ -63,7 +67,7 @@ def fit(
 
         check_plot_target(plot, force)
     spec = opt.resolve_model(model, profiles)
-    hardware = opt.resolve_cluster(cluster, gpu, gpus, profiles)
+    hardware = opt.with_host_memory(opt.resolve_cluster(cluster, gpu, gpus, profiles), cpu_mem_gib)
     length = opt.default_seq_len(spec, seq_len)
     tokens = tokens if tokens is not None else opt.DEFAULT_TOKENS
     precision = precision or opt.DEFAULT_PRECISION
@@ -79,11 +83,13 @@ def fit(
     )
     if any(value is not None for value in layout_fields.values()):
         layout, batch = opt.layout_from_flags(hardware, global_batch, **layout_fields)
-        setup = make_setup(length, batch, tokens, precision, optimizer)
+        setup = make_setup(length, batch, tokens, precision, optimizer, reserve, implementation,
+                           host_accounting)
         result = fitting.fit_layout(spec, hardware, layout, setup, efficiency)
     else:
         batch = global_batch if global_batch is not None else opt.default_global_batch(hardware.num_gpus)
-        setup = make_setup(length, batch, tokens, precision, optimizer)
+        setup = make_setup(length, batch, tokens, precision, optimizer, reserve, implementation,
+                           host_accounting)
         result = fitting.fit_search(spec, hardware, setup, efficiency)
     if json_out:
         render.emit(result)

@@ -31,7 +31,7 @@ def infer(
     account: Annotated[str, typer.Option("--account", help="serving: a serving engine's budget (vLLM: utilisation × CUDA-reported memory, runtime reserve, activation peak of the largest batched step); seed: weights + 20 % (seed 004 §2.3.2).")] = "serving",
     memory_utilisation: Annotated[Optional[float], typer.Option("--gpu-memory-utilization", help="serving: fraction of the GPU's memory the engine may use (default: 0.9, vLLM's).")] = None,
     max_batched_tokens: Annotated[Optional[int], typer.Option("--max-batched-tokens", help="serving: tokens of the largest batched step (default: 8192, vLLM's max_num_batched_tokens).")] = None,
-    reserve: Annotated[Optional[float], typer.Option("--reserve", help="serving: runtime reserve per GPU in GiB, instead of the GPU profile's (CUDA context, NCCL, cuBLAS).")] = None,
+    reserve: opt.ReserveOpt = None,
     profiles: opt.ProfilesOpt = None,
     json_out: opt.JsonOpt = False,
 ) -> int:

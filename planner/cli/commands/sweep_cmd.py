@@ -120,6 +120,10 @@ def register(app: typer.Typer) -> None:
         allow_cross_node_tp: Annotated[bool, typer.Option(
             "--allow-cross-node-tp", help="Let tp span nodes (over the inter-node network).")] = False,
         flash_attention: opt.FlashAttentionOpt = None,
+        implementation: opt.ImplementationOpt = None,
+        host_accounting: opt.HostAccountingOpt = None,
+        reserve: opt.ReserveOpt = None,
+        cpu_mem_gib: opt.CpuMemOpt = None,
         efficiency: opt.EfficiencyOpt = None,
         calibration: opt.CalibrationOpt = None,
         csv_path: Annotated[Optional[str], typer.Option(
@@ -147,11 +151,12 @@ def register(app: typer.Typer) -> None:
 
                 refuse_existing(target, force, "--plot" if target == plot else "--csv")
         spec = opt.resolve_model(model, profiles)
-        clusters = _clusters(cluster, gpu, gpus, profiles)
+        clusters = [opt.with_host_memory(cl, cpu_mem_gib) for cl in _clusters(cluster, gpu, gpus, profiles)]
         setups = [make_setup(opt.default_seq_len(spec, seq_len),
                              global_batch if global_batch is not None else opt.default_global_batch(cl.num_gpus),
                              tokens if tokens is not None else opt.DEFAULT_TOKENS,
-                             precision or opt.DEFAULT_PRECISION, optimizer or opt.DEFAULT_OPTIMIZER)
+                             precision or opt.DEFAULT_PRECISION, optimizer or opt.DEFAULT_OPTIMIZER, reserve,
+                             implementation, host_accounting)
                   for cl in clusters]
         setup = setups[0]
         console = progress_console()
@@ -167,7 +172,7 @@ def register(app: typer.Typer) -> None:
             else _choices("offload_params", offload_params, sweep.TARGETS),
             sequence_parallel=None if sequence_parallel is None else (sequence_parallel,),
             max_tp=max_tp, max_pp=max_pp, max_virtual_stages=max_virtual_stages,
-            allow_cross_node_tp=allow_cross_node_tp, flash_attention=bool(flash_attention),
+            allow_cross_node_tp=allow_cross_node_tp, flash_attention=flash_attention is not False,
             buffers=buffers,
         )
         if any(z not in (0, 1, 2, 3) for z in constraints.zero_stage or ()):

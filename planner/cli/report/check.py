@@ -10,11 +10,13 @@ JSON schema (kind "check", schema_version from planner.cli.report):
            micro_batch, grad_accum}
   setup: {seq_len, global_batch, train_tokens, precision, optimizer}
   peak_stage: int                 the stage with the least headroom (1-based)
-  peak_gpu_bytes, gpu_capacity_bytes, headroom_bytes: int
+  peak_gpu_bytes, gpu_capacity_bytes, headroom_bytes: int  (capacity: HBM - reserve)
+  reserve: {part: bytes}          the runtime reserve (planner.memory.reserve)
   overflows: [str]                one phrase per overflowing resource
   stages: [StageMemory]           planner.plan.StageMemory fields, bytes
   node: {cpu_bytes, cpu_capacity_bytes, nvme_bytes, nvme_capacity_bytes}
   notes: [str]                    assumptions made while reading the file
+  suggestions: [Suggestion]       when it does not fit: changes that make it fit (search.suggest)
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from typing import Any
 
 from planner.io.check import CheckResult
 from planner.cli.report import emit_json, fmt_bytes
+from planner.memory.reserve import headroom_warning
 
 
 def layout_label(result: CheckResult) -> str:
@@ -44,10 +47,21 @@ def verdict_line(result: CheckResult) -> str:
     peak = plan.peak_stage
     where = (f"{result.model.name} on {result.layout.num_gpus} x {result.cluster.gpu.name} "
              f"({layout_label(result)}, {result.setup.precision.name})")
+    used = f"; {plan.host_accounting_note}" if plan.host_accounting_note else ""
     if plan.fits:
+        warning = headroom_warning(peak.headroom_bytes, peak.capacity_bytes)
         return (f"FITS: {where}: peak {fmt_bytes(peak.total_bytes)} of {fmt_bytes(peak.capacity_bytes)} "
-                f"on stage {peak.stage}, headroom {fmt_bytes(peak.headroom_bytes)}")
-    return f"DOES NOT FIT: {where}: {'; '.join(plan.overflows)}"
+                f"on stage {peak.stage}, headroom {fmt_bytes(peak.headroom_bytes)}"
+                + (f"; {warning}" if warning else "") + used)
+    return f"DOES NOT FIT: {where}: {'; '.join(plan.overflows)}{used}"
+
+
+def suggestion_lines(suggestions) -> list[str]:
+    """The lines under a DOES NOT FIT verdict: each change that makes it fit, with its headroom."""
+    if not suggestions:
+        return []
+    return ["fits with one of:"] + [
+        f"  {s.change}: headroom {fmt_bytes(s.headroom_bytes)}" for s in suggestions]
 
 
 def check_payload(result: CheckResult) -> dict[str, Any]:
@@ -69,10 +83,12 @@ def check_payload(result: CheckResult) -> dict[str, Any]:
         "peak_gpu_bytes": peak.total_bytes,
         "gpu_capacity_bytes": peak.capacity_bytes,
         "headroom_bytes": peak.headroom_bytes,
+        "reserve": dict(plan.reserve),
         "overflows": list(plan.overflows),
         "stages": [stage.model_dump(mode="json") for stage in plan.stages],
         "node": plan.node.model_dump(mode="json"),
         "notes": list(result.notes),
+        "suggestions": [s.model_dump(mode="json") for s in result.suggestions],
     }
 
 

@@ -8,6 +8,7 @@ from rich.table import Table
 
 from planner.cli.report import emit_json, fmt_bytes, fmt_count, fmt_seconds, gib, human_console
 from planner.cli.report import table as new_table
+from planner.memory.reserve import headroom_warning
 
 if TYPE_CHECKING:
     from planner.search.fitting import FitResult, ModelSummary
@@ -44,7 +45,19 @@ def memory_table(memory: MemoryPlan, wide: bool = False) -> Table:
             gib(sum(s.buffers.values())), gib(sum(s.working.values())),
             gib(s.total_bytes), gib(s.headroom_bytes), use,
         )
+    if memory.reserve:  # the runtime reserve of every GPU, its own row (parts: reserve_line)
+        table.add_row("reserve", *["-"] * 8, gib(sum(memory.reserve.values())), "-", "-")
     return table
+
+
+def reserve_line(memory: MemoryPlan, gpu_memory_bytes: int) -> str:
+    """The reserve's named parts and the capacity they leave (planner.memory.reserve)."""
+    if not memory.reserve:
+        return f"runtime reserve: none ({memory.reserve_note})"
+    parts = ", ".join(f"{name} {fmt_bytes(b)}" for name, b in memory.reserve.items())
+    capacity = memory.stages[0].capacity_bytes
+    return (f"runtime reserve per GPU {fmt_bytes(sum(memory.reserve.values()))} ({parts}): "
+            f"capacity {fmt_bytes(capacity)} of {fmt_bytes(gpu_memory_bytes)}")
 
 
 def _layout_line(result: FitResult) -> str:
@@ -74,9 +87,13 @@ def verdict_line(result: FitResult) -> str:
         return f"DOES NOT FIT: no layout of {result.cluster.num_gpus} GPUs fits"
     if memory.fits:
         peak = memory.peak_stage
-        return (f"FITS: peak {fmt_bytes(peak.total_bytes)} of {fmt_bytes(peak.capacity_bytes)} "
-                f"on stage {peak.stage} (headroom {fmt_bytes(peak.headroom_bytes)})")
-    return "DOES NOT FIT: " + "; ".join(memory.overflows)
+        warning = headroom_warning(peak.headroom_bytes, peak.capacity_bytes)
+        line = (f"FITS: peak {fmt_bytes(peak.total_bytes)} of {fmt_bytes(peak.capacity_bytes)} "
+                f"on stage {peak.stage} (headroom {fmt_bytes(peak.headroom_bytes)})"
+                + (f"; {warning}" if warning else ""))
+    else:
+        line = "DOES NOT FIT: " + "; ".join(memory.overflows)
+    return line + (f"; {memory.host_accounting_note}" if memory.host_accounting_note else "")
 
 
 def print_fit(result: FitResult) -> None:
@@ -95,6 +112,7 @@ def print_fit(result: FitResult) -> None:
         console.print(f"engines that can run it: {', '.join(engines(result)) or 'none'}")
     if result.memory is not None:
         console.print(memory_table(result.memory, wide=console.width >= WIDE_COLUMNS))
+        console.print(reserve_line(result.memory, cluster.gpu.memory_bytes))
         node = result.memory.node
         console.print(
             f"per node: CPU {fmt_bytes(node.cpu_bytes)} of {fmt_bytes(node.cpu_capacity_bytes)}, "
@@ -110,6 +128,10 @@ def print_fit(result: FitResult) -> None:
     if result.strategies:
         console.print(strategy_table(result))
     console.print(verdict_line(result), style="bold green" if result.fits else "bold red")
+    from planner.cli.report.check import suggestion_lines
+
+    for line in suggestion_lines(result.suggestions):
+        console.print(line, highlight=False)
 
 
 def strategy_table(result: FitResult) -> Table:

@@ -27,6 +27,7 @@ from planner.io.calibration import Calibration
 from planner.memory.infer import InferPlan
 from planner.memory.plan import NodeMemory, StageMemory
 from planner.search.fitting import FitResult, ModelSummary
+from planner.search.suggest import Suggestion
 from planner.search.sweep import SweepResult
 from planner.timing.budget import ComputeBudget, ModelBudget
 
@@ -126,11 +127,16 @@ class CheckDocument(_Envelope):
     """The stage with the least headroom, 1-based."""
     peak_gpu_bytes: int
     gpu_capacity_bytes: int
+    """Nominal HBM minus the runtime reserve."""
     headroom_bytes: int
+    reserve: dict[str, int]
+    """The runtime reserve's named parts, bytes (planner.memory.reserve); empty when unknown."""
     overflows: list[str]
     stages: list[StageMemory]
     node: NodeMemory
     notes: list[str]
+    suggestions: list[Suggestion]
+    """When it does not fit: the smallest changes that make it fit (planner.search.suggest)."""
 
 
 class CalibrateRow(BaseModel):
