@@ -151,11 +151,13 @@ def test_best_layout_round_trips_through_fit_check_and_deepspeed(zplan, tmp_path
                                                                  gpus, seq, batch):
     """The sweep's best layout, given back to fit as flags, to check as a job file, and through
     `export --format deepspeed` then `check --deepspeed`, gives the same memory and verdict.
-    The search is pinned to tp = pp = 1, the layouts a DeepSpeed config can express alone."""
+    The search is pinned to tp = pp = 1 and the DeepSpeed engine, the layouts a DeepSpeed config
+    can express alone (an FSDP2 layout is refused by `export --format deepspeed`)."""
     model = loading.load_model(name)
     cluster = loading.cluster_for_gpus(gpu, gpus)
     setup = make_setup(seq, batch, 1e12, "bf16-mixed", "adamw")
-    best = sweep.sweep(model, cluster, setup, sweep.Constraints(tp=(1,), pp=(1,)), top=1).top[0]
+    best = sweep.sweep(model, cluster, setup, sweep.Constraints(tp=(1,), pp=(1,), dp_engine=("deepspeed",)),
+                       top=1).top[0]
     lay = best.layout
     common = ["--model", name, "--gpu", gpu, "--gpus", str(gpus), "--seq-len", str(seq),
               "--tokens", "1e12", "--precision", "bf16-mixed", "--optimizer", "adamw"]

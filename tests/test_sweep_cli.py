@@ -68,7 +68,7 @@ def test_bad_input_exits_2(zplan):
         assert proc.stdout == ""
 
 
-PINNED = ("--gpus", "64", "--tp", "8", "--pp", "1", "--micro-batch", "1", "--recompute", "full",
+PINNED = ("--gpus", "64", "--tp", "8", "--pp", "1", "--micro-batch", "1", "--recompute", "full", "--dp-engine", "deepspeed",
           "--no-offload", "--no-sequence-parallel")
 DS_BUCKETS = {"train_batch_size": 512, "train_micro_batch_size_per_gpu": 1, "bf16": {"enabled": True},
               "zero_optimization": {"stage": 2, "reduce_bucket_size": 200_000_000,
@@ -78,9 +78,10 @@ DS_BUCKETS = {"train_batch_size": 512, "train_micro_batch_size_per_gpu": 1, "bf1
 def test_excluded_rules_rendered_in_json_and_table(zplan):
     # tp 8, pp 1 on 64 GPUs: dp = 8; micro-batches enumerated 1, 2, 4, ..., 512 (10 values);
     # grad_accum = 512 / (8 b) is whole for b <= 64 only, so the batch rule removes exactly
-    # b = 128, 256, 512: 3 combinations; ZeRO-0, no offload, no sequence parallel are pinned,
-    # so no other rule removes anything.
-    args = (*BASE, "--gpus", "64", "--tp", "8", "--pp", "1", "--zero", "0", "--recompute", "full",
+    # b = 128, 256, 512: 3 combinations; ZeRO-0 with the DeepSpeed engine (FSDP2 has no ZeRO-0),
+    # no offload, no sequence parallel are pinned, so no other rule removes anything.
+    args = (*BASE, "--gpus", "64", "--tp", "8", "--pp", "1", "--zero", "0", "--dp-engine", "deepspeed",
+            "--recompute", "full",
             "--no-offload", "--no-sequence-parallel")
     doc = json.loads(zplan(*args, "--json").stdout)
     excluded = doc["results"][0]["excluded"]
@@ -94,7 +95,7 @@ def test_excluded_rules_rendered_in_json_and_table(zplan):
 def test_deepspeed_buckets_reach_the_sweep(zplan, tmp_path):
     ds = tmp_path / "ds.json"
     ds.write_text(json.dumps(DS_BUCKETS))
-    with_ds = json.loads(zplan(*BASE, *PINNED, "--zero", "2", "--json", "--deepspeed", str(ds)).stdout)
+    with_ds = json.loads(zplan(*BASE, *PINNED, "--zero", "2", "--json", "--deepspeed-buckets", str(ds)).stdout)
     default = json.loads(zplan(*BASE, *PINNED, "--zero", "2", "--json").stdout)
     (row,) = with_ds["results"][0]["top"]
     (row_default,) = default["results"][0]["top"]
@@ -116,7 +117,7 @@ def test_deepspeed_buckets_reach_the_sweep(zplan, tmp_path):
 def test_deepspeed_bad_config_exits_2(zplan, tmp_path):
     ds = tmp_path / "ds.json"
     ds.write_text(json.dumps({"zero_optimization": {"stage": 2, "reduce_bucket_size": -5}}))
-    proc = zplan(*BASE, *PINNED, "--json", "--deepspeed", str(ds))
+    proc = zplan(*BASE, *PINNED, "--json", "--deepspeed-buckets", str(ds))
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.startswith("zplan: error:") and "reduce_bucket_size" in proc.stderr
     assert proc.stdout == "" and "Traceback" not in proc.stderr

@@ -147,9 +147,9 @@ FirstStageLayersOpt = Annotated[Optional[int], typer.Option(
     "--first-stage-layers", min=1, callback=int64, help=_FIRST, rich_help_panel=LAYOUT)]
 LastStageLayersOpt = Annotated[Optional[int], typer.Option(
     "--last-stage-layers", min=1, callback=int64, help=_LAST, rich_help_panel=LAYOUT)]
-DpEngineOpt = Annotated[Optional[str], typer.Option(
-    "--dp-engine", help="Sharded data parallelism engine: deepspeed (ZeRO) or fsdp2 (PyTorch "
-    "fully_shard; --zero 3 = reshard_after_forward true, 2 = false).", rich_help_panel=LAYOUT)]
+_DP_ENGINE = ("Sharded data parallelism engine: deepspeed (ZeRO) or fsdp2 (PyTorch fully_shard; "
+              "--zero 3 = reshard_after_forward true, 2 = false).")
+DpEngineOpt = Annotated[Optional[str], typer.Option("--dp-engine", help=_DP_ENGINE, rich_help_panel=LAYOUT)]
 ZeroOpt = Annotated[Optional[int], typer.Option("--zero", min=0, max=3, help=_ZERO, rich_help_panel=LAYOUT)]
 OffloadOptimizerOpt = Annotated[Optional[str], typer.Option(
     "--offload-optimizer", help=_OFFLOAD_OPT, rich_help_panel=LAYOUT)]
@@ -184,6 +184,8 @@ MicroBatchPinsOpt = Annotated[Optional[str], typer.Option(
     "--micro-batch", help=_MICRO + _PINS, rich_help_panel=LAYOUT)]
 RecomputePinsOpt = Annotated[Optional[str], typer.Option(
     "--recompute", help=_RECOMPUTE + _PINS, rich_help_panel=LAYOUT)]
+DpEnginePinsOpt = Annotated[Optional[str], typer.Option(
+    "--dp-engine", help=_DP_ENGINE + _PINS, rich_help_panel=LAYOUT)]
 OffloadOptimizerPinsOpt = Annotated[Optional[str], typer.Option(
     "--offload-optimizer", help=_OFFLOAD_OPT + _PINS, rich_help_panel=LAYOUT)]
 OffloadParamsPinsOpt = Annotated[Optional[str], typer.Option(

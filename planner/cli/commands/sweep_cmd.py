@@ -59,7 +59,7 @@ def _clusters(cluster: Optional[str], gpu: Optional[str], gpus: Optional[str],
 
 
 DeepSpeedBuffersOpt = Annotated[Optional[Path], typer.Option(
-    "--deepspeed", help="A DeepSpeed ds_config.json whose zero_optimization bucket sizes every "
+    "--deepspeed-buckets", help="A DeepSpeed ds_config.json whose zero_optimization bucket sizes every "
                         "candidate uses (memory buffers and the exposed last bucket); the layout is "
                         "still searched.")]
 ProgressOpt = Annotated[bool, typer.Option(
@@ -109,6 +109,7 @@ def register(app: typer.Typer) -> None:
         zero: opt.ZeroPinsOpt = None,
         micro_batch: opt.MicroBatchPinsOpt = None,
         recompute: opt.RecomputePinsOpt = None,
+        dp_engine: opt.DpEnginePinsOpt = None,
         offload_optimizer: opt.OffloadOptimizerPinsOpt = None,
         offload_params: opt.OffloadParamsPinsOpt = None,
         no_offload: Annotated[bool, typer.Option("--no-offload", help="Keep everything on the GPUs.")] = False,
@@ -140,6 +141,7 @@ def register(app: typer.Typer) -> None:
         estimated step time; show why the attractive ones that do not fit are rejected.
 
         Exit 0 when a layout fits (for at least one GPU count), 1 when none does."""
+        from planner.core import columns
         from planner.search import sweep
         from planner.io.jobfile import make_setup
         from planner.cli.report import human_console, progress_console
@@ -166,6 +168,7 @@ def register(app: typer.Typer) -> None:
             virtual_stages=_ints("virtual_stages", virtual_stages), zero_stage=_ints("zero", zero),
             micro_batch=_ints("micro_batch", micro_batch),
             recompute=_choices("recompute", recompute, sweep.RECOMPUTE_MODES),
+            dp_engine=_choices("dp_engine", dp_engine, columns.DP_ENGINES),
             offload_optimizer=("none",) if no_offload
             else _choices("offload_optimizer", offload_optimizer, sweep.TARGETS),
             offload_params=("none",) if no_offload
