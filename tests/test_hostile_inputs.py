@@ -215,6 +215,13 @@ CASES = [
          "64-bit"),
     Case("width-job-global-batch", ["check", "job.yaml"],
          {"job.yaml": JOB.replace("global_batch: 16", "global_batch: " + "1" * 25)}, "64-bit"),
+    # ---- sizes past the model's bounds: in 64 bits, but a hang before (a loop over 1e18 layers)
+    Case("huge-layers", FIT_MODEL, {"m.yaml": MODEL.replace("num_layers: 2", "num_layers: 1000000000000000000")},
+         "num_layers"),
+    Case("huge-context", FIT_MODEL, {"m.yaml": MODEL.replace("max_seq_len: 128", "max_seq_len: 1000000000000")},
+         "max_seq_len"),
+    Case("huge-sweep-layers", ["sweep", "--model", "m.yaml", "--gpu", "a100-80gb", "--gpus", "8"],
+         {"m.yaml": MODEL.replace("num_layers: 2", "num_layers: 1000000000000000000")}, "num_layers"),
     # ---- unknown keys
     Case("unknown-job-key", ["check", "job.yaml"], {"job.yaml": JOB + "zero_stage: 3\n"}, "zero_stage"),
     Case("unknown-model-key", FIT_MODEL, {"m.yaml": MODEL + "num_experts_typo: 8\n"}, "num_experts_typo"),

@@ -69,27 +69,32 @@ def _leaf_types(annotation: object) -> set[object]:
 class ModelSpec(Frozen):
     """What is trained: a decoder (GPT, Llama, Mistral, Mixtral, Qwen3, DeepSeek-V3, Llama 4,
     Gemma 3) or an encoder (BERT). Fields after `sliding_window` describe issue 13's models; their
-    defaults leave every earlier model's counts unchanged."""
+    defaults leave every earlier model's counts unchanged.
+
+    Sizes are bounded (layers <= 100,000; hidden and heads <= 1M; MLP width <= 10M; vocabulary and
+    context <= 100M tokens; experts <= 100,000): far past 100T-parameter models and 10M-token
+    contexts, and small enough that every formula runs in bounded time with exact integers or
+    float64 columns (a hostile `num_layers: 1e18` is one line, exit 2, instead of a hang)."""
 
     name: str
     """Short identifier, e.g. `gpt3-175b`."""
     arch: Literal["decoder", "encoder"] = "decoder"
     """`decoder` (causal LM, GPT/Llama) or `encoder` (BERT: token-type embeddings, embedding norm)."""
-    num_layers: int = Field(gt=0)
+    num_layers: int = Field(gt=0, le=100_000)
     """Transformer blocks (nl, L)."""
-    hidden_size: int = Field(gt=0)
+    hidden_size: int = Field(gt=0, le=1_000_000)
     """Model width (hd, h)."""
-    num_heads: int = Field(gt=0)
+    num_heads: int = Field(gt=0, le=1_000_000)
     """Query attention heads (a)."""
     num_kv_heads: int | None = Field(default=None, gt=0)
     """Key/value heads for grouped-query attention; None means equal to `num_heads` (MHA)."""
     head_dim: int | None = Field(default=None, gt=0)
     """Per-head width; None means `hidden_size / num_heads`."""
-    ffn_hidden_size: int = Field(gt=0)
+    ffn_hidden_size: int = Field(gt=0, le=10_000_000)
     """MLP inner width (4h for GPT; 11008 for Llama-2-7B). For MoE models: the dense-layer width."""
-    vocab_size: int = Field(gt=0)
+    vocab_size: int = Field(gt=0, le=100_000_000)
     """Vocabulary rows of the embedding matrix (V), as the checkpoint stores them (padded if so)."""
-    max_seq_len: int = Field(gt=0)
+    max_seq_len: int = Field(gt=0, le=100_000_000)
     """Longest sequence the model supports (learned position-embedding rows)."""
     mlp: Literal["gelu", "swiglu"] = "gelu"
     """`gelu`: two matrices h->f->h; `swiglu`: gated, three matrices (gate, up, down)."""
@@ -115,7 +120,7 @@ class ModelSpec(Frozen):
     """Encoder only: a LayerNorm right after the embeddings (BERT)."""
     pooler: bool = False
     """Encoder only: the pooler dense layer h x h + bias (BERT's BertModel)."""
-    num_experts: int = Field(default=0, ge=0)
+    num_experts: int = Field(default=0, ge=0, le=100_000)
     """Mixture-of-experts: routed experts per MoE layer; 0 means a dense model."""
     experts_per_token: int = Field(default=0, ge=0)
     """Mixture-of-experts: routed experts active per token (top-k)."""
@@ -401,7 +406,7 @@ class NodeSpec(Frozen):
     """Identifier, e.g. `dgx-a100`."""
     gpu: str
     """Name of the GPU profile (a file in hardware_profiles/gpus/)."""
-    gpus_per_node: int = Field(gt=0)
+    gpus_per_node: int = Field(gt=0, le=100_000)
     """GPUs in one node."""
     intra_node_gb_per_s: float = Field(gt=0)
     """GPU-to-GPU bandwidth per GPU per direction inside the node (NVLink/NVSwitch or PCIe), GB/s."""
@@ -457,7 +462,7 @@ class ClusterSpec(Frozen):
     """Identifier, e.g. `dgx2x32`."""
     node: str
     """Name of the node profile (a file in hardware_profiles/nodes/)."""
-    num_nodes: int = Field(gt=0)
+    num_nodes: int = Field(gt=0, le=1_000_000)
     """Nodes in the cluster."""
     inter_node_gb_per_s: float = Field(gt=0)
     """Network bandwidth per node per direction (sum of its NICs), GB/s."""
@@ -483,7 +488,7 @@ class Cluster(Frozen):
     """The GPU of every node."""
     node: NodeSpec
     """The node, repeated `num_nodes` times."""
-    num_nodes: int = Field(gt=0)
+    num_nodes: int = Field(gt=0, le=1_000_000)
     """Nodes in the cluster."""
     inter_node_gb_per_s: float = Field(gt=0)
     """Network bandwidth per node per direction, GB/s."""
