@@ -34,6 +34,7 @@ def layout_label(result: CheckResult) -> str:
     parts = [f"tp{lay.tp} pp{lay.pp} dp{lay.dp}"]
     parts += [f"v{lay.virtual_stages}"] if lay.virtual_stages > 1 else []
     parts += [f"zero{lay.zero_stage}"] if lay.zero_stage else []
+    parts += [lay.dp_engine] if lay.dp_engine != "deepspeed" else []
     parts += [f"opt->{lay.offload_optimizer}"] if lay.offload_optimizer != "none" else []
     parts += [f"params->{lay.offload_params}"] if lay.offload_params != "none" else []
     parts += [f"recompute={lay.recompute}"] if lay.recompute != "none" else []

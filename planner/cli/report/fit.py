@@ -67,8 +67,12 @@ def _layout_line(result: FitResult) -> str:
     parts = [f"tp={layout.tp}", f"pp={layout.pp}", f"dp={layout.dp}", f"zero={layout.zero_stage}",
              f"micro_batch={layout.micro_batch}", f"grad_accum={layout.grad_accum}",
              f"recompute={layout.recompute}"]
+    if layout.dp_engine != "deepspeed":
+        parts.insert(4, f"dp_engine={layout.dp_engine}")
     if layout.virtual_stages > 1:
         parts.append(f"virtual_stages={layout.virtual_stages}")
+    if layout.first_stage_layers is not None or layout.last_stage_layers is not None:
+        parts.append(f"first/last_stage_layers={layout.first_stage_layers}/{layout.last_stage_layers}")
     if layout.offload_optimizer != "none":
         parts.append(f"offload_optimizer={layout.offload_optimizer}")
     if layout.offload_params != "none":
