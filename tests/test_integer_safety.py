@@ -51,3 +51,43 @@ def test_result_rows_carry_exact_python_ints():
                          top=1, rejected=3)
     assert result.fitting == 0 and result.rejected
     assert all(row.gpu_peak_bytes > 0 and row.headroom_bytes < 0 for row in result.rejected)
+
+
+# --------------------------------------------------------------------------- property (issue 14)
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+
+@st.composite
+def _huge_cases(draw):
+    """Models up to 100T parameters (12·L·h² = 12 · 2000 · 65536² = 1.03e14 at the largest),
+    contexts up to 10M tokens, global batches up to 2^24 sequences, 8 to 2^20 GPUs: the limits
+    issue 14 names."""
+    heads = draw(st.sampled_from([8, 16, 64, 128]))
+    hidden = heads * draw(st.sampled_from([64, 128, 256, 512]))
+    layers = draw(st.integers(1, 2000))
+    seq = draw(st.sampled_from([2048, 32768, 1 << 20, 10_000_000]))
+    gpus = 8 * 2 ** draw(st.integers(0, 17))
+    batch = gpus * 2 ** draw(st.integers(0, 24 - min(24, (gpus // 8).bit_length() + 2)))
+    model = ModelSpec(name="huge", num_layers=layers, hidden_size=hidden, num_heads=heads,
+                      ffn_hidden_size=4 * hidden, vocab_size=128_000, max_seq_len=seq)
+    return model, seq, gpus, batch
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_huge_cases())
+def test_sizes_up_to_the_limits_give_finite_non_negative_figures_that_fit_and_sweep_share(case):
+    model, seq, gpus, batch = case
+    cluster = loading.cluster_for_gpus("a100-80gb", gpus)
+    setup = make_setup(seq, batch, 1e12)
+    c = sweep.Constraints(tp=(1,), pp=(1,), zero_stage=(3,), virtual_stages=(1,), recompute=("full",))
+    cands = sweep.enumerate_candidates(model, cluster, setup, c)
+    assert len(cands["micro_batch"]) > 0  # batch is a multiple of the GPUs: dp = GPUs always works
+    cols = sweep.evaluate(model, cluster, setup, cands, c)
+    peak = np.asarray(cols["gpu_peak_bytes"], dtype=float)
+    assert np.all(np.isfinite(peak)) and np.all(peak > 0)
+    for i in {0, len(peak) - 1}:
+        exact = max(s.total_bytes for s in plan_memory(model, cluster, sweep.layout_at(cands, i, c),
+                                                       setup).stages)
+        assert exact > 0
+        assert float(peak[i]) == pytest.approx(exact, rel=1e-12)
