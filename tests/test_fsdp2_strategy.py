@@ -13,7 +13,7 @@ from planner.io.export import export_text, search_constraints
 from planner.core.errors import PlanInputError
 from planner.search import sweep
 from planner.timing.steptime import estimate_step
-from tests.test_sweep_steptime_cases import MODEL, NCCL_BASE, SETUP, cluster
+from test_sweep_steptime_cases import MODEL, NCCL_BASE, SETUP, cluster
 
 
 def _rejected(layout: Layout) -> list[str]:

@@ -12,7 +12,7 @@ from planner.core.spec import Layout
 from planner.memory.plan import plan_memory
 from planner.search import sweep
 from planner.search.strategies import strategy_minimums
-from tests.test_plan import TINY, make_cluster, make_setup
+from test_plan import TINY, make_cluster, make_setup
 
 
 def _nvme_without_bandwidth():

@@ -13,7 +13,7 @@ from planner.core.spec import Layout
 from planner.io import loading
 from planner.timing import gemm
 from planner.timing.steptime import estimate_step
-from tests.test_sweep_steptime_cases import MODEL, NCCL_BASE, SETUP, cluster
+from test_sweep_steptime_cases import MODEL, NCCL_BASE, SETUP, cluster
 
 
 def test_zero1_rings_per_level_by_hand():

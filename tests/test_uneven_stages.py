@@ -13,7 +13,7 @@ from planner.core.spec import Layout, ModelSpec
 from planner.io.megatron import job_from_megatron, megatron_flags, parse_megatron_args
 from planner.memory.plan import plan_memory
 from planner.timing.steptime import estimate_step
-from tests.test_sweep_steptime_cases import SETUP, cluster
+from test_sweep_steptime_cases import SETUP, cluster
 
 # A GPT of 30 blocks, h = 64, 4 heads, f = 4h, V = 100, learned positions of 16, tied embeddings
 GPT30 = ModelSpec(name="gpt30", num_layers=30, hidden_size=64, num_heads=4, ffn_hidden_size=256,
