@@ -114,9 +114,9 @@ def fp8_inventory(model: ModelSpec, layout: Layout, inventory: dict[str, int],
     With sequence parallel the column-parallel linears save the local shard: row-wise only for
     per-tensor scaling ("All-gather is not supported with FP8 column-wise data",
     layernorm_linear.py, `input_quantizer.set_usage(columnwise=False)`), column-wise only for
-    MXFP8; one byte per element either way, the scales of the column-wise grid counted for
-    MXFP8 (the row-wise grid of a [T/t x h] shard has the same size when both sides are
-    multiples of 128). Named approximation: the routed experts' inputs are taken as one tensor
+    MXFP8 (layernorm_linear.py: "For MXFP8, columnwise only data can be allgathered"); one
+    byte per element and one scale either way for per-tensor, the column-wise E8M0 grid for
+    MXFP8. Named approximation: the routed experts' inputs are taken as one tensor
     (TE keeps one per local expert: 4 more bytes per expert per-tensor, and per-expert padding
     of the MXFP8 grid, not counted)."""
     out = dict(inventory)
