@@ -47,6 +47,7 @@ PRECISIONS: dict[str, PrecisionRecipe] = {
         PrecisionRecipe(
             name="te-fp8", compute_dtype="fp8", param_bytes=2, grad_bytes=4,
             master_param_bytes=4, activation_bytes=2, fp8_weight_cache_bytes=2,
+            fp8_scaling="per-tensor",
             source="Megatron-LM --fp8-format hybrid with Transformer Engine (per-tensor scaling, "
                    "Hopper): bf16 param 2 + fp8 weight copy 1 + its transpose 1 (TE "
                    "module/linear.py quantize_weight, rowwise and columnwise usage while grad is "
@@ -56,6 +57,7 @@ PRECISIONS: dict[str, PrecisionRecipe] = {
         PrecisionRecipe(
             name="te-fp8-params", compute_dtype="fp8", param_bytes=1, grad_bytes=4,
             master_param_bytes=4, activation_bytes=2, fp8_weight_cache_bytes=1,
+            fp8_scaling="per-tensor",
             source="Megatron-LM --fp8-param-gather (TE quantized_model_init: the parameter IS the "
                    "fp8 tensor): fp8 param 1 + its transpose 1 + fp32 main_grad 4 + fp32 master, "
                    "m, v 12 = 18 (docs/fp8.md)",
@@ -63,7 +65,7 @@ PRECISIONS: dict[str, PrecisionRecipe] = {
         PrecisionRecipe(
             name="te-mxfp8", compute_dtype="fp8", param_bytes=2, grad_bytes=4,
             master_param_bytes=4, activation_bytes=2,
-            fp8_weight_cache_bytes=2 + 2 / MXFP8_BLOCK,
+            fp8_weight_cache_bytes=2 + 2 / MXFP8_BLOCK, fp8_scaling="mxfp8",
             source="Transformer Engine MXFP8BlockScaling (Blackwell): bf16 param 2 + fp8 rowwise "
                    "and columnwise copies 1 + 1, each with one E8M0 byte per 32 elements "
                    "(constants.py MXFP8_BLOCK_SCALING_SIZE = 32; scale padding to 128 x 4 not "

@@ -255,11 +255,17 @@ RULES: tuple[Rule, ...] = LAYOUT_RULES + (
 
 
 def check_setup(model: ModelSpec, setup: TrainSetup) -> None:
-    """seq_len <= the model's max_seq_len (no layout involved)."""
+    """seq_len <= the model's max_seq_len; an FP8 recipe runs Transformer Engine's modules
+    (implementation=megatron: the hf-* inventories are transformers' bf16 tensors, docs/fp8.md)
+    (no layout involved)."""
     if setup.seq_len > model.max_seq_len:
         raise PlanInputError(
             "seq_len", f"seq_len={setup.seq_len} exceeds the model's max_seq_len={model.max_seq_len}"
         )
+    if setup.precision.fp8_scaling is not None and setup.implementation != "megatron":
+        raise PlanInputError(
+            "precision", f"{setup.precision.name} runs Transformer Engine's fp8 linears: "
+            f"implementation=megatron (got {setup.implementation})")
 
 
 def applicable(cols: LayoutColumns, rules: tuple[Rule, ...] = RULES) -> list[Rule]:

@@ -665,6 +665,10 @@ class PrecisionRecipe(Frozen):
     """FP8 training (Transformer Engine): the fp8 copy of each weight and its transpose kept
     for the step beside the working copy, bytes per parameter (2 with bf16 params on Hopper,
     1 with fp8 params; docs/fp8.md). 0 for every non-fp8 recipe."""
+    fp8_scaling: Literal["per-tensor", "mxfp8"] | None = None
+    """FP8 training: how the fp8 tensors are scaled (one fp32 scale per tensor on Hopper, one
+    E8M0 byte per 32 elements with MXFP8 on Blackwell); what the saved linear inputs cost
+    (planner.memory.fp8). None for every non-fp8 recipe."""
     source: str
     """Where the convention comes from."""
 

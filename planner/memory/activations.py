@@ -25,6 +25,7 @@ from planner.core import params, rules
 from planner.core.columns import LayoutColumns
 from planner.core.errors import PlanInputError
 from planner.core.spec import Frozen, Layout, ModelSpec, TrainSetup, ceil_div
+from planner.memory import fp8
 
 MASK_BYTES = 1
 """A dropout mask element: torch.bool (aten::native_dropout returns a bool mask)."""
@@ -35,7 +36,7 @@ TOKEN_ID_BYTES = 8
 
 ATTENTION_CORE = (
     "attn.softmax_output", "attn.softmax_dropout_mask", "attn.softmax_dropout_output",
-    "attn.softmax_lse",
+    "attn.softmax_lse", fp8.CORE_OUTPUT,
 )
 """Entries of the attention core (QKᵀ, softmax, dropout, ·V): what selective recompute drops."""
 NEGLECTED_BY_SEED = ("norm1.stats", "norm2.stats")
@@ -207,12 +208,14 @@ def apply_tempo(model: ModelSpec, layout: Layout, inventory: dict[str, int],
 
 
 def layer_saved_bytes(model: ModelSpec, layout: Layout, seq_len: int, micro_batch: int,
-                      activation_bytes: int) -> dict[str, int]:
+                      activation_bytes: int, fp8_scaling: fp8.Fp8Scaling | None = None
+                      ) -> dict[str, int]:
     """What one block saves for backward: one micro-batch, one GPU, before recompute.
 
     GPT block at f = 4h, fp16, t = 1: 34sbh + 5as²b + the norm statistics (seed 004 §2.2.3;
     Korthikanti §4.1). Tensor parallel t without SP: 10sbh stay whole, the rest is split by t;
     with SP everything is split by t (Korthikanti §4.2). Tempo edits applied (seed 003).
+    `fp8_scaling` (an FP8 recipe's): the linears' saved inputs in fp8 (`fp8.fp8_inventory`).
     """
     for field, value in (("seq_len", seq_len), ("micro_batch", micro_batch),
                          ("activation_bytes", activation_bytes)):
@@ -227,6 +230,8 @@ def layer_saved_bytes(model: ModelSpec, layout: Layout, seq_len: int, micro_batc
         | _norm("norm2", model, rep, e)
         | mlp_saved_bytes(model, layout, seq_len, micro_batch, e)
     )
+    if fp8_scaling is not None:
+        inventory = fp8.fp8_inventory(model, layout, inventory, e, fp8_scaling)
     return apply_tempo(model, layout, inventory, e)
 
 
@@ -238,7 +243,7 @@ def layer_input_bytes(model: ModelSpec, layout: Layout, seq_len: int, micro_batc
 
 
 def layer_activation_bytes(model: ModelSpec, layout: Layout, seq_len: int, micro_batch: int,
-                           activation_bytes: int) -> int:
+                           activation_bytes: int, fp8_scaling: fp8.Fp8Scaling | None = None) -> int:
     """What one block keeps for backward under `layout.recompute`, one micro-batch, one GPU.
 
     none: the inventory. selective: the inventory without the attention core (Korthikanti §5:
@@ -248,7 +253,7 @@ def layer_activation_bytes(model: ModelSpec, layout: Layout, seq_len: int, micro
     """
     if layout.recompute in ("full", "every_k"):
         return layer_input_bytes(model, layout, seq_len, micro_batch, activation_bytes)
-    inventory = layer_saved_bytes(model, layout, seq_len, micro_batch, activation_bytes)
+    inventory = layer_saved_bytes(model, layout, seq_len, micro_batch, activation_bytes, fp8_scaling)
     if layout.recompute == "selective":
         return sum(selective_kept_bytes(model, layout, seq_len, micro_batch, activation_bytes,
                                         inventory).values())
@@ -270,23 +275,25 @@ def selective_kept_bytes(model: ModelSpec, layout: Layout, seq_len: int, micro_b
 
 
 def layers_kept_bytes(model: ModelSpec, layout: Layout, seq_len: int, micro_batch: int,
-                      activation_bytes: int, num_layers: int) -> int:
+                      activation_bytes: int, num_layers: int,
+                      fp8_scaling: fp8.Fp8Scaling | None = None) -> int:
     """A stack of `num_layers` blocks under `layout.recompute`: every_k keeps
     ceil(n / k) checkpoints (seed 000 eq.3 with ci = k), the other modes n x one block."""
-    one = layer_activation_bytes(model, layout, seq_len, micro_batch, activation_bytes)
+    one = layer_activation_bytes(model, layout, seq_len, micro_batch, activation_bytes, fp8_scaling)
     if layout.recompute == "every_k":
         return ceil_div(num_layers, layout.recompute_every_k) * one
     return num_layers * one
 
 
 def recompute_working_bytes(model: ModelSpec, layout: Layout, seq_len: int, micro_batch: int,
-                            activation_bytes: int, num_layers: int) -> int:
+                            activation_bytes: int, num_layers: int,
+                            fp8_scaling: fp8.Fp8Scaling | None = None) -> int:
     """Re-materialised during backward on top of what is kept (ZeRO-Infinity's AWM, seed 000
     eq.4): full = one block's whole inventory, every_k = one segment of min(k, n) blocks,
     selective = one block's attention core plus K, V repeated to the query heads, none = 0."""
     if layout.recompute == "none" or num_layers == 0:
         return 0
-    inventory = layer_saved_bytes(model, layout, seq_len, micro_batch, activation_bytes)
+    inventory = layer_saved_bytes(model, layout, seq_len, micro_batch, activation_bytes, fp8_scaling)
     if layout.recompute == "selective":  # the core, plus K and V repeated to the query heads
         kept = selective_kept_bytes(model, layout, seq_len, micro_batch, activation_bytes, inventory)
         return sum(inventory.values()) - sum(kept.values())
@@ -465,7 +472,7 @@ def stage_activations(model: ModelSpec, layout: Layout, setup: TrainSetup,
             raise PlanInputError("virtual_stages", f"virtual_stages={v} must divide the {n} "
                                  f"layers of pipeline stage {stage}")
         first, last = _stage_extras(model, layout, setup, stage)
-        chunk = layers_kept_bytes(model, layout, s, b, e, n // v)
+        chunk = layers_kept_bytes(model, layout, s, b, e, n // v, setup.precision.fp8_scaling)
         chunk_bytes = [chunk] * v
         chunk_bytes[0] += sum(first.values())
         chunk_bytes[-1] += sum(last.values())
@@ -474,7 +481,8 @@ def stage_activations(model: ModelSpec, layout: Layout, setup: TrainSetup,
         else:
             counts = interleaved_in_flight(p, stage - 1, v, m, chunk_bytes)
         kept = sum(c * w for c, w in zip(counts, chunk_bytes, strict=True))
-        working = recompute_working_bytes(model, layout, s, b, e, n // v)
+        working = recompute_working_bytes(model, layout, s, b, e, n // v,
+                                          setup.precision.fp8_scaling)
         result.append(StageActivations(
             stage=stage, num_layers=n, in_flight_microbatches=ceil_div(sum(counts), v),
             in_flight_chunks=sum(counts), per_microbatch_bytes=sum(chunk_bytes),

@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import Literal
 
 from planner.core.recipes import MXFP8_BLOCK
-from planner.core.spec import ceil_div
+from planner.core.spec import Layout, ModelSpec, ceil_div
 
 Fp8Scaling = Literal["per-tensor", "mxfp8"]
 """`per-tensor`: one fp32 scale per tensor (TE DelayedScaling and Float8CurrentScaling, Hopper);
@@ -70,3 +70,60 @@ def mfu_peak_dtype(compute_dtype: str) -> str:
     (torchtitan torchtitan/tools/utils.py `get_peak_flops` returns the dense BF16 peak, e.g.
     989e12 for H100 SXM, and its MFU uses it with or without float8 training; docs/fp8.md)."""
     return "bf16" if compute_dtype == "fp8" else compute_dtype
+
+
+# --------------------------------------------------------------------------- saved activations
+
+
+CORE_OUTPUT = "attn.core_output"
+"""The attention kernel's own bf16 output O, saved by flash / fused attention for its backward
+(TE backends.py FusedAttnFunc saves q, k, v, out in 16 bits unless fp8 attention is asked for).
+In bf16 it is the same storage as the projection's saved input and is counted once; under fp8
+the projection saves an fp8 copy instead, so O becomes an entry of its own."""
+
+
+def linear_input_features(model: ModelSpec, layout: Layout) -> dict[str, int]:
+    """in_features of every inventory entry (planner.memory.activations) that is the saved input
+    of a Transformer Engine linear, on one tensor-parallel rank. Megatron's TE layer spec
+    (get_gpt_layer_with_transformer_engine_spec) builds linear_qkv and linear_fc1 as
+    TELayerNormColumnParallelLinear and linear_proj, linear_fc2 as TERowParallelLinear; MoE
+    experts are TE grouped linears and the shared expert a TE MLP of width
+    num_shared x expert_ffn (one tensor). Not fp8: an MoE layer's router input (`mlp.fc1_input`
+    of an MoE block, the router is a plain torch linear), the output layer's input (`head.input`,
+    Megatron's output_layer is not a TE module) and everything that is not a linear input."""
+    t, h = layout.tp, model.hidden_size
+    out = {"attn.qkv_input": h, "attn.proj_input": model.num_heads * model.head_size // t}
+    if model.is_moe:
+        out["moe.expert_input"] = h
+        out["moe.expert.fc2_input"] = model.expert_ffn_size // t
+        if model.num_shared_experts:
+            out["moe.shared.fc2_input"] = model.num_shared_experts * model.expert_ffn_size // t
+    else:
+        out["mlp.fc1_input"] = h
+        out["mlp.fc2_input"] = model.ffn_hidden_size // t
+    return out
+
+
+def fp8_inventory(model: ModelSpec, layout: Layout, inventory: dict[str, int],
+                  activation_bytes: int, scaling: Fp8Scaling) -> dict[str, int]:
+    """One block's saved tensors under an FP8 recipe: each TE linear's saved input becomes its
+    fp8 copy (`fp8_saved_input_bytes`: 1 byte per element + scales; rows = the bf16 entry's
+    elements / in_features), everything else keeps `activation_bytes`. With flash attention the
+    attention kernel's bf16 output O is added (`CORE_OUTPUT`).
+
+    With sequence parallel the column-parallel linears save the local shard: row-wise only for
+    per-tensor scaling ("All-gather is not supported with FP8 column-wise data",
+    layernorm_linear.py, `input_quantizer.set_usage(columnwise=False)`), column-wise only for
+    MXFP8 (layernorm_linear.py: "For MXFP8, columnwise only data can be allgathered"); one
+    byte per element and one scale either way for per-tensor, the column-wise E8M0 grid for
+    MXFP8. Named approximation: the routed experts' inputs are taken as one tensor
+    (TE keeps one per local expert: 4 more bytes per expert per-tensor, and per-expert padding
+    of the MXFP8 grid, not counted)."""
+    out = dict(inventory)
+    for name, cols in linear_input_features(model, layout).items():
+        if name in out:
+            rows = out[name] // (activation_bytes * cols)
+            out[name] = fp8_saved_input_bytes(rows, cols, scaling)
+    if layout.flash_attention and "attn.proj_input" in inventory:
+        out[CORE_OUTPUT] = inventory["attn.proj_input"]
+    return out

@@ -260,12 +260,13 @@ def hf_activation_column(model: ModelSpec, setup: TrainSetup, rec, b) -> np.ndar
 
 
 def activation_table(model: ModelSpec, setup: TrainSetup, tp: int, rec: int, sp: bool,
-                     flash: bool) -> tuple[int, int, int, int]:
+                     flash: bool, micro_batch: int = 1) -> tuple[int, int, int, int]:
     """(one block kept, first extras, last extras, recompute working) bytes at micro_batch = 1
     from the activations module. Every entry is linear in the micro-batch (b multiplies each
     product) and a chunk of n blocks keeps n x one block (`layers_kept_bytes` without every_k).
     hf-* (transformers' modules, not linear in b): `hf_activation_column` replaces this table's
-    figures in `evaluate`; the b = 1 figures here serve the step-time side only."""
+    figures in `evaluate`; the b = 1 figures here serve the step-time side only. FP8 recipes:
+    a saved fp8 input's scales do not grow with b, so `evaluate` asks for each micro-batch."""
     if setup.implementation != "megatron":  # tp = pp = 1 (rule table); per micro-batch at b = 1
         if tp != 1 or RECOMPUTE_MODES[rec] not in ("none", "full"):
             return (0, 0, 0, 0)  # masked by the rule table
@@ -273,12 +274,13 @@ def activation_table(model: ModelSpec, setup: TrainSetup, tp: int, rec: int, sp:
             model, setup, RECOMPUTE_MODES[rec], 1)
         return block, outside, 0, working
     lay = Layout(tp=tp, recompute=RECOMPUTE_MODES[rec], sequence_parallel=sp, flash_attention=flash)
-    s, e = setup.seq_len, setup.precision.activation_bytes
+    s, b, e = setup.seq_len, micro_batch, setup.precision.activation_bytes
+    f8 = setup.precision.fp8_scaling
     return (
-        activations.layers_kept_bytes(model, lay, s, 1, e, 1),
-        sum(activations.first_stage_extra_bytes(model, lay, s, 1, e).values()),
-        sum(activations.last_stage_extra_bytes(model, lay, s, 1, e).values()),
-        activations.recompute_working_bytes(model, lay, s, 1, e, 1),
+        activations.layers_kept_bytes(model, lay, s, b, e, 1, f8),
+        sum(activations.first_stage_extra_bytes(model, lay, s, b, e).values()),
+        sum(activations.last_stage_extra_bytes(model, lay, s, b, e).values()),
+        activations.recompute_working_bytes(model, lay, s, b, e, 1, f8),
     )
 
 
@@ -383,16 +385,18 @@ def evaluate(model: ModelSpec, cluster: Cluster, setup: TrainSetup, cands: dict[
     tables = {name: np.array([s[name] for s in stage], dtype=np.int64).reshape(-1, 3)
               for name in STAGE_FIELDS}  # (tp, pp) rows x (first, middle, last stage)
 
-    akeys, ainv = _group(tp, rec, sp)
-    act = np.array([activation_table(model, setup, t, r, bool(s), c.flash_attention)
-                    for t, r, s in akeys.tolist()], dtype=np.float64).reshape(-1, 4)
+    fp8 = setup.precision.fp8_scaling is not None  # fp8 scales: not linear in b, table per b
+    per_b = np.where(fp8, 1, b)
+    akeys, ainv = _group(tp, rec, sp, b // per_b)
+    act = np.array([activation_table(model, setup, t, r, bool(s), c.flash_attention, mb)
+                    for t, r, s, mb in akeys.tolist()], dtype=np.float64).reshape(-1, 4)
     block, first_x, last_x, working = (act[:, k][ainv] for k in range(4))
     chunk = block * (model.num_layers // (pp * vs))  # blocks per model chunk (pp | layers)
     kept_f, kept_l = kept_activation_bytes_b1(cands, chunk, first_x, last_x)
     states_first, states_last, node_cpu, node_nvme = model_state_columns(
         cluster, setup, cands, keys, inv, tables, c.buffers)
-    gpu_first = states_first + b * (kept_f + working)
-    gpu_last = states_last + b * (kept_l + working)
+    gpu_first = states_first + per_b * (kept_f + working)
+    gpu_last = states_last + per_b * (kept_l + working)
     if setup.implementation != "megatron":  # not linear in b: exact per (recompute, b)
         gpu_first = gpu_last = states_first + hf_activation_column(model, setup, rec, b)
     peak = np.maximum(gpu_first, gpu_last)

@@ -36,6 +36,8 @@ from planner.core import params
 from planner.core.columns import RECOMPUTE_MODES, LayoutColumns
 from planner.core.errors import PlanInputError
 from planner.timing import collectives, gemm, sharded_dp
+from planner.timing import fp8 as fp8_timing
+from planner.memory.fp8 import mfu_peak_dtype
 from planner.memory.model_states import DEFAULT_BUFFERS
 from planner.core.recipes import optimizer_bytes_per_param
 from planner.core.spec import GB, US, Cluster, EngineBuffers, Frozen, Layout, ModelSpec, TrainSetup
@@ -71,14 +73,16 @@ class StepEstimate(Frozen):
     + offload + cpu optimizer + gpu optimizer."""
     tokens_per_s: float
     mfu: float
-    """Model FLOPs utilisation: forward+backward FLOPs / (step time x GPUs x dense peak)."""
+    """Model FLOPs utilisation: forward+backward FLOPs / (step time x GPUs x dense peak); FP8
+    recipes: against the bf16 peak, as the field reports it (docs/fp8.md)."""
     hfu: float
     """Hardware FLOPs utilisation: includes recompute FLOPs."""
     days: float
     """Training days for setup.train_tokens at this step time."""
     gpu_hours: float
     compute_efficiency: float
-    """Fraction of dense peak assumed for the matmuls (profile or calibrated value)."""
+    """Fraction of dense peak assumed for the matmuls (profile or calibrated value); FP8 recipes:
+    of the bf16 peak, above 1 when the fp8 GEMMs make up for it (planner.timing.fp8)."""
 
 
 # --------------------------------------------------------------------------- collectives
@@ -315,19 +319,22 @@ class Rates(Frozen):
 
 
 def cluster_rates(cluster: Cluster, setup: TrainSetup, efficiency: float | None = None) -> Rates:
-    """Resolve bandwidths, latencies and the dense peak for the recipe's compute dtype."""
+    """Resolve bandwidths, latencies and the dense peak MFU is stated against: the recipe's
+    compute dtype's, bf16's for an FP8 recipe (whose fp8 GEMMs run at the fp8 peak inside the
+    matmul efficiency, planner.timing.fp8)."""
     dtype = setup.precision.compute_dtype
-    if dtype not in cluster.gpu.peak_tflops:
-        raise PlanInputError(
-            "precision",
-            f"gpu {cluster.gpu.name} has no peak_tflops for {dtype} (recipe "
-            f"{setup.precision.name}); it has {', '.join(sorted(cluster.gpu.peak_tflops))}",
-        )
+    for needed in dict.fromkeys((dtype, mfu_peak_dtype(dtype))):
+        if needed not in cluster.gpu.peak_tflops:
+            raise PlanInputError(
+                "precision",
+                f"gpu {cluster.gpu.name} has no peak_tflops for {needed} (recipe "
+                f"{setup.precision.name}); it has {', '.join(sorted(cluster.gpu.peak_tflops))}",
+            )
     if efficiency is not None and not 0 < efficiency <= 1:
         raise PlanInputError("efficiency", f"must be in (0, 1], got {efficiency}")
     node = cluster.node
     return Rates(
-        peak_flops_per_s=cluster.gpu.peak_flops_per_s(dtype),
+        peak_flops_per_s=cluster.gpu.peak_flops_per_s(mfu_peak_dtype(dtype)),
         efficiency=efficiency if efficiency is not None else cluster.gpu.achieved_efficiency,
         hbm_bw=cluster.gpu.hbm_bytes_per_s,
         gpus_per_node=node.gpus_per_node,
@@ -389,6 +396,9 @@ class StageWork:
     fill_stages: object
     """(num_layers - layers) / layers: the pipeline fill in slowest-stage units (pp - 1 when
     the stages are even; `bubble_time_s`)."""
+    recompute_efficiency: object = None
+    """Matmul efficiency of the recompute FLOPs when it differs from `efficiency` (FP8 recipes:
+    planner.timing.fp8); None: `efficiency`."""
 
 
 @dataclass(frozen=True)
@@ -411,7 +421,8 @@ def compute_terms(r: Rates, cols: LayoutColumns, work: StageWork) -> dict:
     m, layers = cols["grad_accum"], work.layers
     eff = work.efficiency
     compute = compute_time_s(work.fwd_flops + work.bwd_flops, r.peak_flops_per_s, eff)
-    recompute = compute_time_s(work.recompute_flops, r.peak_flops_per_s, eff)
+    recompute = compute_time_s(work.recompute_flops, r.peak_flops_per_s,
+                               eff if work.recompute_efficiency is None else work.recompute_efficiency)
     memory = m * layers * work.elementwise_bytes / r.hbm_bw  # memory-bound kernels, not overlapped
     memory_fwd = m * layers * work.elementwise_fwd_bytes / r.hbm_bw
     fwd_mb = (compute_time_s(work.fwd_flops, r.peak_flops_per_s, eff) + memory_fwd) / m
@@ -574,6 +585,9 @@ def step_columns(model: ModelSpec, cluster: Cluster, setup: TrainSetup, cols: La
         efficiency=matmul_efficiency(model, cluster, setup, r.efficiency, b, cols["tp"],
                                      flash_attention, efficiency),
         fill_stages=(model.num_layers - layers) / layers)
+    if prec.fp8_scaling is not None:  # fp8 GEMMs at the fp8 peak, casts (planner.timing.fp8)
+        work = fp8_timing.fp8_work(work, model, cluster, setup, cols, r.efficiency,
+                                   flash_attention, efficiency)
     sizes = ByteSizes(grad_bytes=prec.grad_bytes, param_bytes=prec.param_bytes,
                       optimizer_bytes=optimizer_bytes_per_param(prec, setup.optimizer),
                       buffers=buffers)

@@ -126,7 +126,8 @@ def print_fit(result: FitResult) -> None:
         step = result.step
         console.print(
             f"step {fmt_seconds(step.step_s)}, {step.tokens_per_s:,.0f} tokens/s, "
-            f"MFU {step.mfu:.1%}, {step.days:,.1f} days for {result.setup.train_tokens:.3g} tokens "
+            f"MFU {step.mfu:.1%}{mfu_note(result.setup)}, {step.days:,.1f} days for "
+            f"{result.setup.train_tokens:.3g} tokens "
             f"({step.gpu_hours:,.0f} GPU-hours)"
         )
     if result.strategies:
@@ -213,3 +214,13 @@ def print_model(summary: ModelSummary, json_out: bool) -> None:
         f"{f.backward_flops / per:,.4g}, training {f.model_flops / per:,.4g} "
         f"(6·active params = {6 * count.active:,.4g})"
     )
+
+
+def mfu_note(setup) -> str:
+    """What an fp8 run's MFU is stated against: the bf16 peak, as the field reports it
+    (planner.memory.fp8.mfu_peak_dtype; docs/fp8.md)."""
+    from planner.memory.fp8 import mfu_peak_dtype
+
+    dtype = setup.precision.compute_dtype
+    peak = mfu_peak_dtype(dtype)
+    return f" (of the {peak} peak; fp8 GEMMs at the fp8 peak)" if peak != dtype else ""
