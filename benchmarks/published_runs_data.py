@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Literal
 
 import yaml
+from pydantic import model_validator
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -34,13 +35,16 @@ class RunModel(Frozen):
     """None: 4 x hidden_size (GPT)."""
     vocab_size: int
     seq_len: int
+    tied_embeddings: bool | None = None
+    """None: the evaluator's default for the block (GPT tied, Llama untied)."""
 
 
 class PublicRun(Frozen):
     """One published run: layout, measured throughput, citation, split."""
 
     name: str
-    split: Literal["in_sample", "out_of_sample"]
+    split: Literal["in_sample", "out_of_sample", "out_of_sample_2"]
+    """out_of_sample_2: sources added in session 10 (the YAML's NEW SPLIT RULE)."""
     category: Literal["dense", "moe"] = "dense"
     """`moe`: a mixture-of-experts run (an evaluator without expert parallelism skips it)."""
     paper: str
@@ -58,7 +62,14 @@ class PublicRun(Frozen):
     micro_batch: int | None
     recompute: Literal["none", "selective", "full", "unknown"]
     engine: str
-    tflops_per_gpu: float
+    tflops_per_gpu: float | None = None
+    """The published TFLOP/s per GPU; None when the source publishes tokens per second."""
+    tokens_per_s_per_gpu: float | None = None
+    """The published tokens per second per GPU, where that is the source's metric."""
+    flops_formula: Literal["megatron-eq3", "model-flops"] | None = None
+    """How tflops_per_gpu counts (benchmarks/published_runs.py); None: as `counting` says."""
+    aggregate_pflops: float | None = None
+    """The source's aggregate PFLOP/s, where given (a transcription cross-check)."""
     iteration_time_s: float | None = None
     """The published iteration time, where given."""
     mfu: float | None = None
@@ -69,6 +80,13 @@ class PublicRun(Frozen):
     """'stored': read in a stored copy of the source this session; 'transcribed': from the paper,
     to be re-checked."""
     source: str
+
+    @model_validator(mode="after")
+    def _one_metric(self) -> "PublicRun":
+        if (self.tflops_per_gpu is None) == (self.tokens_per_s_per_gpu is None):
+            raise ValueError(f"{self.name}: give exactly one of tflops_per_gpu, "
+                             "tokens_per_s_per_gpu")
+        return self
 
 
 def load_runs(path: Path = DATA) -> tuple[PublicRun, ...]:
@@ -83,11 +101,13 @@ def by_split(runs: tuple[PublicRun, ...], split: str) -> tuple[PublicRun, ...]:
 
 def main() -> None:
     runs = load_runs()
-    for split in ("in_sample", "out_of_sample"):
+    for split in ("in_sample", "out_of_sample", "out_of_sample_2"):
         print(f"{split}:")
         for r in by_split(runs, split):
+            metric = (f"{r.tflops_per_gpu:>6.1f} TFLOP/s/GPU" if r.tflops_per_gpu is not None
+                      else f"{r.tokens_per_s_per_gpu:>6.0f} tokens/s/GPU")
             print(f"  {r.name:<28} {r.gpu:<10} {r.num_gpus:>6} GPUs  tp {r.tp} cp {r.cp} pp {r.pp}"
-                  f" dp {r.dp}  {r.tflops_per_gpu:>6.1f} TFLOP/s/GPU  ({r.checked})")
+                  f" dp {r.dp}  {metric}  ({r.checked})")
 
 
 if __name__ == "__main__":

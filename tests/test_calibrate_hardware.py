@@ -144,7 +144,8 @@ def test_profile_validates_loads_and_round_trips(tmp_path: Path) -> None:
     # round trip: the file re-dumped from the loaded spec is the same mapping
     text = (tmp_path / "gpus" / "cpu-testhost.yaml").read_text()
     # fields a calibration does not measure stay unset (the runtime reserve's parts: issue 11)
-    unset = dict.fromkeys(("end_to_end_utilisation", "cublas_workspace_kib", "cuda_context_mib", "usable_memory_gib"))
+    unset = dict.fromkeys(("end_to_end_utilisation", "cublas_workspace_kib", "cuda_context_mib", "usable_memory_gib",
+                           "sm_count"))  # sm_count: GpuSpec field added in session 10 (interference)
     assert gpu.model_dump(mode="json") == {**yaml.safe_load(text), **unset}
 
 

@@ -127,3 +127,23 @@ def test_without_the_calibration_the_old_default_misses():
     # the old default 0.52 was Table 1's end-to-end figure used as the matmul fraction: it
     # double-counts the overheads, and the 1008.0B row comes out far below its 163 TFLOP/s
     assert pr.error_pct(TABLE1[-1], 0.52) < -15
+
+
+def test_rows_compare_in_their_published_metric():
+    # torchtitan publishes tokens/s per GPU: a step of 2 s over 16 x 8192 tokens on 8 GPUs is
+    # 131,072 / 2 / 8 = 8192 tokens/s per GPU; against 5762 the error is 8192/5762 - 1 = +42.17 %.
+    from types import SimpleNamespace
+    rows = {r.name: r for r in pr.load_runs()}
+    tt = rows["torchtitan-8b-fsdp-8gpu"]
+    pred, err, _ = pr._compare(tt, 16, SimpleNamespace(step_s=2.0, mfu=None), "")
+    assert pred == pytest.approx(8192.0) and err == pytest.approx(100 * (8192 / 5762 - 1))
+    # Megatron-Core rows count model FLOPs (flops_formula: model-flops), not the MFU column:
+    # 177B row, batch 1152, s 4096, l 96, h 12288, V 131072:
+    # 72 x 1152 x 4096 x 96 x 12288² x (1 + 4096/73728 + 131072/(12 x 96 x 12288)) FLOPs
+    # = 4.924686e18 x (1 + 0.0555556 + 0.0092593) = 5.243879e18; over 6 s on 2304 GPUs = 379.3
+    # TFLOP/s per GPU.
+    mc = rows["mcore-h100-177b"]
+    flops = 72 * 1152 * 4096 * 96 * 12288**2 * (1 + 4096 / 73728 + 131072 / (12 * 96 * 12288))
+    assert flops == pytest.approx(5.243879e18, rel=1e-6)
+    pred, _, _ = pr._compare(mc, 1152, SimpleNamespace(step_s=6.0, mfu=0.1), "")
+    assert pred == pytest.approx(flops / (6.0 * 2304) / 1e12) and pred == pytest.approx(379.3, abs=0.1)

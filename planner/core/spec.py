@@ -362,6 +362,10 @@ class GpuSpec(Frozen):
     cublas_workspace_kib: int | None = Field(default=None, ge=0)
     """PyTorch's default cuBLAS workspace per (handle, stream) on this architecture, KiB
     (aten/src/ATen/cuda/CublasHandlePool.cpp `parseChosenWorkspaceSize`). None: not known."""
+    sm_count: int | None = Field(default=None, gt=0)
+    """Streaming multiprocessors (vendor whitepaper): the share an overlapped NCCL collective's
+    CTAs take from compute (planner/timing/interference.py). None: not known (no interference
+    modelled)."""
     sources: dict[str, str]
     """Citation for each numeric field, keyed by field name."""
 

@@ -95,11 +95,27 @@ def _tp_ok(model: ModelSpec, cluster: Cluster, setup: TrainSetup, tps: list[int]
     return ok
 
 
+def uneven_split(num_layers: int, pp: int) -> tuple[int, int] | None:
+    """(first, last) stage layers when pp does not divide the layers, as Megatron runs it
+    (`--decoder-first/last-pipeline-num-layers`; Dubey et al. 2024 §3.3.2 for Llama 3 405B:
+    126 layers on 16 stages = 7, 14 x 8, 7): every middle stage holds k = ceil(L / pp) layers
+    and the first and last share the rest, the first the smaller half. None when pp divides
+    the layers, or when the rest leaves the first or last stage empty."""
+    if pp < 2 or num_layers % pp == 0:
+        return None
+    if pp == 2:
+        return num_layers // 2, num_layers - num_layers // 2
+    k = -(-num_layers // pp)
+    rest = num_layers - (pp - 2) * k
+    return (rest // 2, rest - rest // 2) if rest >= 2 else None
+
+
 def structures(model: ModelSpec, cluster: Cluster, setup: TrainSetup,
-               c: Constraints) -> list[tuple[int, int, int, int]]:
-    """Every (tp, pp, dp, v) the constraints allow, tp dividing the GPUs and the rule table's
-    tp rule, pp dividing the layers (even stages), dp = GPUs / (tp·pp) dividing the global
-    batch, v dividing the layers per stage. The rule table checks them again (`enumerate`)."""
+               c: Constraints) -> list[tuple[int, int, int, int, int, int]]:
+    """Every (tp, pp, dp, v, first, last) the constraints allow, tp dividing the GPUs and the
+    rule table's tp rule, dp = GPUs / (tp·pp) dividing the global batch; pp dividing the layers
+    (even stages, first = last = 0) or Megatron's uneven split (`uneven_split`); v dividing
+    every stage's layers. The rule table checks them again (`enumerate`)."""
     n, node = cluster.num_gpus, cluster.node.gpus_per_node
     tps = [t for t in _divisors(n) if _allowed(t, c.tp) and t <= (c.max_tp or n)
            and (t <= node or c.allow_cross_node_tp)]
@@ -107,13 +123,18 @@ def structures(model: ModelSpec, cluster: Cluster, setup: TrainSetup,
     for tp in (t for t, ok in zip(tps, _tp_ok(model, cluster, setup, tps)) if ok):
         for pp in _divisors(n // tp):
             dp = n // (tp * pp)
-            if model.num_layers % pp or not _allowed(pp, c.pp) or pp > (c.max_pp or n):
+            split = uneven_split(model.num_layers, pp)
+            if (model.num_layers % pp and split is None) or not _allowed(pp, c.pp) \
+                    or pp > (c.max_pp or n):
                 continue
             if setup.global_batch % dp or not _allowed(dp, c.dp):
                 continue
-            for v in _divisors(model.num_layers // pp) if pp > 1 else [1]:
+            first, last = split or (0, 0)
+            stage = math.gcd(first, last, -(-model.num_layers // pp)) if split \
+                else model.num_layers // pp
+            for v in _divisors(stage) if pp > 1 else [1]:
                 if _allowed(v, c.virtual_stages) and v <= (c.max_virtual_stages or v):
-                    out.append((tp, pp, dp, v))
+                    out.append((tp, pp, dp, v, first, last))
     return out
 
 
@@ -154,13 +175,15 @@ def enumerate_layouts(model: ModelSpec, cluster: Cluster, setup: TrainSetup,
     needs tp > 1 dividing seq_len). One search rule on top: ZeRO over one dp rank is DDP unless
     it offloads, so it is not enumerated twice."""
     ctx = rules.Context(model, cluster, setup)
-    struct = _ints(structures(model, cluster, setup, c)).reshape(-1, 4)
+    struct = _ints(structures(model, cluster, setup, c)).reshape(-1, 6)
     micro = _ints(micro_batch_options(setup, c))
     s_idx, b_idx = (a.ravel() for a in np.indices((len(struct), len(micro)), dtype=np.int64))
     dp_s, b_s = struct[s_idx, 2], micro[b_idx]
     pairs = LayoutColumns(dict(tp=struct[s_idx, 0], pp=struct[s_idx, 1], dp=dp_s,
                                virtual_stages=struct[s_idx, 3], micro_batch=b_s,
-                               grad_accum=setup.global_batch // (dp_s * b_s)))
+                               grad_accum=setup.global_batch // (dp_s * b_s),
+                               first_stage_layers=struct[s_idx, 4],
+                               last_stage_layers=struct[s_idx, 5]))
     ok, rejected = rules.mask(ctx, pairs)
     pairs = pairs.take(ok)
     states, state_rejected = state_options(model, cluster, setup, c)
@@ -210,10 +233,11 @@ _representatives = representatives
 @functools.lru_cache(maxsize=4096)
 def stage_table(model: ModelSpec, tp: int, pp: int,
                 threshold: int = model_states.DEFAULT_BUFFERS.param_persistence_threshold,
-                ) -> dict[str, tuple[int, int, int]]:
+                first: int = 0, last: int = 0) -> dict[str, tuple[int, int, int]]:
     """Scalar facts of the first, a middle and the last stage (params, model_states): parameters
-    per GPU, largest tensor, ZeRO-3 persistent elements; a middle stage exists when pp >= 3."""
-    stages = params.stage_params(model, tp, pp)
+    per GPU, largest tensor, ZeRO-3 persistent elements, layers; a middle stage exists when
+    pp >= 3. `first` / `last`: uneven stage layers (0 = the even split)."""
+    stages = params.stage_params(model, tp, pp, first=first or None, last=last or None)
     kinds = (stages[0], stages[1] if pp >= 3 else stages[0], stages[-1])
     distinct = {s.stage: s for s in kinds}  # pp = 1 and 2 repeat a stage
     largest = {i: params.largest_param_numel(model, tp, i, pp) for i in distinct}
@@ -225,6 +249,7 @@ def stage_table(model: ModelSpec, tp: int, pp: int,
         "persistent": tuple(persistent[s.stage] for s in kinds),
         "max_layers": (max(s.num_layers for s in stages),) * 3,
         "max_params": (max(s.total for s in stages),) * 3,
+        "layers": tuple(s.num_layers for s in kinds),
     }
 
 
@@ -303,14 +328,16 @@ def state_bytes(P, dp, zero, opt, par, m, setup: TrainSetup):
     return tuple(model_states.parts_total(p, like) for p in parts[:3])
 
 
-def kept_activation_bytes_b1(cands: dict[str, np.ndarray], chunk, first, last):
+def kept_activation_bytes_b1(cands: dict[str, np.ndarray], chunk, first, last, chunk_last=None):
     """Peak kept activations of the first and last stage at micro_batch 1
     (`activations.stage_activations`): 1F1B holds min(p, m) micro-batches on stage 1 and one on
-    stage p; interleaved stages take the replay's largest chunk-weighted state."""
+    stage p; interleaved stages take the replay's largest chunk-weighted state. `chunk` is the
+    first stage's model chunk, `chunk_last` the last stage's (uneven stages; default: equal)."""
     pp, vs, m = cands["pp"], cands["virtual_stages"], cands["grad_accum"]
+    chunk_last = chunk if chunk_last is None else chunk_last
     single = pp == 1  # one stage carries the embedding and the head
     f = activations.in_flight_1f1b(pp, 1, m) * (chunk + first + np.where(single, last, 0))
-    lst = np.where(single, f, activations.in_flight_1f1b(pp, pp, m) * (chunk + last))
+    lst = np.where(single, f, activations.in_flight_1f1b(pp, pp, m) * (chunk_last + last))
     inter = np.nonzero(vs > 1)[0]
     if inter.size:
         p_i, v_i = pp[inter], vs[inter]
@@ -318,20 +345,37 @@ def kept_activation_bytes_b1(cands: dict[str, np.ndarray], chunk, first, last):
         cap = (2 * (p_i - 1) + (v_i - 1) * p_i + 2 * p_i * v_i) // v_i + 2
         keys, inv = _group(p_i, v_i, np.minimum(m[inter], cap))  # one replay per (p, v, m)
         p, v, m_eff = keys.T
-        c = chunk[inter]
-        sides = ((f, first[inter], 0, 0), (lst, last[inter], p - 1, v - 1))  # rank, its chunk
-        for out, extra, rank, weighted in sides:  # with extras: embedding 0, head v - 1
+        sides = ((f, chunk[inter], first[inter], 0, 0),  # rank, the chunk with its extras
+                 (lst, chunk_last[inter], last[inter], p - 1, v - 1))
+        for out, c, extra, rank, weighted in sides:  # with extras: embedding 0, head v - 1
             fronts = interleaved_fronts(p, rank, v, m_eff, weighted)  # (replays, 2 pairs, 2)
             out[inter] = np.maximum(c * fronts[inv, 0, 0] + extra * fronts[inv, 0, 1],
                                     c * fronts[inv, 1, 0] + extra * fronts[inv, 1, 1])
     return f, lst
 
 
+def kept_middle_bytes_b1(cands: dict[str, np.ndarray], chunk) -> np.ndarray:
+    """Peak kept activations of stage 2 (the first middle stage, no extras) at micro_batch 1:
+    under uneven stages it holds more layers than stage 1 with one micro-batch fewer in flight,
+    so it can be the peak (`activations.stage_activations`); 0 where pp < 3."""
+    pp, vs, m = cands["pp"], cands["virtual_stages"], cands["grad_accum"]
+    out = np.where(pp >= 3, activations.in_flight_1f1b(pp, 2, m) * chunk, 0.0)
+    inter = np.nonzero((vs > 1) & (pp >= 3))[0]
+    if inter.size:
+        p_i, v_i = pp[inter], vs[inter]
+        cap = (2 * (p_i - 1) + (v_i - 1) * p_i + 2 * p_i * v_i) // v_i + 2
+        keys, inv = _group(p_i, v_i, np.minimum(m[inter], cap))
+        p, v, m_eff = keys.T
+        fronts = interleaved_fronts(p, 1, v, m_eff, 0)
+        out[inter] = chunk[inter] * np.maximum(fronts[inv, 0, 0], fronts[inv, 1, 0])
+    return out
+
+
 def node_counts(cluster: Cluster, keys: np.ndarray) -> np.ndarray:
     """`node_stage_counts` of each (tp, pp) row as one (rows, width, 3) array, padded with
     all-zero rows (host bytes are >= 0, so padding never raises a node's maximum)."""
     rows = [node_stage_counts(t, cluster.num_gpus // (t * p), p, cluster.node.gpus_per_node,
-                              cluster.num_nodes) for t, p in keys.tolist()]
+                              cluster.num_nodes) for t, p in keys[:, :2].tolist()]
     counts = np.zeros((len(rows), max(map(len, rows), default=1), 3), dtype=np.int64)
     for i, r in enumerate(rows):
         counts[i, :len(r)] = r
@@ -368,10 +412,10 @@ def model_state_columns(cluster: Cluster, setup: TrainSetup, cands: LayoutColumn
     counts = node_counts(cluster, tp_pp)[row]  # (combinations, node rows, 3 stage kinds)
     node_cpu = np.max(sum(counts[:, :, k] * host[k][0][:, None] for k in range(3)), axis=1)
     node_nvme = np.max(sum(counts[:, :, k] * host[k][1][:, None] for k in range(3)), axis=1)
-    return gpu[0][inv], gpu[2][inv], node_cpu[inv], node_nvme[inv]
+    return gpu[0][inv], gpu[2][inv], node_cpu[inv], node_nvme[inv], gpu[1][inv]
 
 
-STAGE_FIELDS = ("params", "largest", "persistent", "max_layers", "max_params")
+STAGE_FIELDS = ("params", "largest", "persistent", "max_layers", "max_params", "layers")
 
 
 def evaluate(model: ModelSpec, cluster: Cluster, setup: TrainSetup, cands: dict[str, np.ndarray],
@@ -379,9 +423,11 @@ def evaluate(model: ModelSpec, cluster: Cluster, setup: TrainSetup, cands: dict[
     """Memory (worst stage, busiest node) and step time of every candidate, as columns."""
     c = c or Constraints()
     tp, pp, vs, rec, sp, b = (cands[k] for k in ("tp", "pp", "virtual_stages", "recompute", "sequence_parallel", "micro_batch"))
-    keys, inv = _group(tp, pp)
+    first_l, last_l = (cands[k] if k in cands else np.zeros_like(tp)
+                       for k in ("first_stage_layers", "last_stage_layers"))
+    keys, inv = _group(tp, pp, first_l, last_l)
     threshold = c.buffers.param_persistence_threshold
-    stage = [stage_table(model, t, p, threshold) for t, p in keys.tolist()]
+    stage = [stage_table(model, t, p, threshold, f, la) for t, p, f, la in keys.tolist()]
     tables = {name: np.array([s[name] for s in stage], dtype=np.int64).reshape(-1, 3)
               for name in STAGE_FIELDS}  # (tp, pp) rows x (first, middle, last stage)
 
@@ -391,18 +437,23 @@ def evaluate(model: ModelSpec, cluster: Cluster, setup: TrainSetup, cands: dict[
     act = np.array([activation_table(model, setup, t, r, bool(s), c.flash_attention, mb)
                     for t, r, s, mb in akeys.tolist()], dtype=np.float64).reshape(-1, 4)
     block, first_x, last_x, working = (act[:, k][ainv] for k in range(4))
-    chunk = block * (model.num_layers // (pp * vs))  # blocks per model chunk (pp | layers)
-    kept_f, kept_l = kept_activation_bytes_b1(cands, chunk, first_x, last_x)
-    states_first, states_last, node_cpu, node_nvme = model_state_columns(
+    layers = tables["layers"][inv]  # (first, a middle, last) stage's layers of each row
+    chunk_f, chunk_m, chunk_l = (block * (layers[:, k] // vs) for k in range(3))  # per chunk
+    kept_f, kept_l = kept_activation_bytes_b1(cands, chunk_f, first_x, last_x, chunk_l)
+    states_first, states_last, node_cpu, node_nvme, states_mid = model_state_columns(
         cluster, setup, cands, keys, inv, tables, c.buffers)
     gpu_first = states_first + per_b * (kept_f + working)
     gpu_last = states_last + per_b * (kept_l + working)
+    uneven = (first_l > 0) & (pp >= 3)  # stage 2 can then outgrow stage 1
+    gpu_mid = np.where(uneven, states_mid + per_b * (kept_middle_bytes_b1(cands, chunk_m) + working), 0)
     if setup.implementation != "megatron":  # not linear in b: exact per (recompute, b)
         gpu_first = gpu_last = states_first + hf_activation_column(model, setup, rec, b)
-    peak = np.maximum(gpu_first, gpu_last)
+    peak = np.maximum(np.maximum(gpu_first, gpu_last), gpu_mid)
     capacity = cluster.gpu.memory_bytes - reserve_column(
         cluster.gpu, setup.reserve_gib, cands["tp"], cands["pp"], cands["dp"])
-    out = dict(gpu_peak_bytes=peak, peak_stage=np.where(gpu_last > gpu_first, pp, 1),
+    peak_stage = np.where(gpu_first >= np.maximum(gpu_mid, gpu_last), 1,
+                          np.where(gpu_mid >= gpu_last, 2, pp))
+    out = dict(gpu_peak_bytes=peak, peak_stage=peak_stage,
                headroom_bytes=capacity - peak, node_cpu_bytes=node_cpu, node_nvme_bytes=node_nvme)
     out |= steptime.step_columns(model, cluster, setup, cands, tables["max_layers"][inv, 0],
                                  tables["max_params"][inv, 0], flash_attention=c.flash_attention,

@@ -21,7 +21,9 @@ done. With per-layer comm a (the overlappable part f·a of it) and compute c ove
     T = a + c + (L-1) · ((1-f)·a + max(c, f·a))
 the first gather and, in backward, the last reduce-scatter are exposed. f = 1 is full
 prefetch (T = a + c + (L-1)·max(a, c), exact for uniform layers); f = 0 no prefetch
-(T = L·(a + c)). All functions accept scalars or numpy arrays.
+(T = L·(a + c)). With interference k (an overlapped NCCL kernel holds k of the SMs,
+planner/timing/interference.py) the overlapped term is max(c + k·f·a, f·a).
+All functions accept scalars or numpy arrays.
 """
 
 from __future__ import annotations
@@ -42,12 +44,16 @@ class DpCommTime(NamedTuple):
     """Compute + exposed communication of the forward/backward passes of the step."""
 
 
-def pipelined_s(comm_per_layer_s, compute_per_layer_s, num_layers, overlap_fraction=1.0):
-    """Two-stream time of L layers: T = a + c + (L-1)·((1-f)·a + max(c, f·a))."""
+def pipelined_s(comm_per_layer_s, compute_per_layer_s, num_layers, overlap_fraction=1.0,
+                interference=0.0):
+    """Two-stream time of L layers: T = a + c + (L-1)·((1-f)·a + max(c + k·f·a, f·a)); k the
+    compute slowdown while a collective runs (planner/timing/interference.py; 0 = none)."""
     a = np.asarray(comm_per_layer_s, dtype=float)
     c = np.asarray(compute_per_layer_s, dtype=float)
     f = np.clip(np.asarray(overlap_fraction, dtype=float), 0.0, 1.0)
-    return a + c + (np.asarray(num_layers) - 1) * ((1 - f) * a + np.maximum(c, f * a))
+    hidden = f * a
+    overlapped = np.maximum(c + np.asarray(interference) * hidden, hidden)
+    return a + c + (np.asarray(num_layers) - 1) * ((1 - f) * a + overlapped)
 
 
 def deepspeed_prefetch_fraction(layer_elements, prefetch_bucket_elements, max_live_parameters):
@@ -61,14 +67,14 @@ def deepspeed_prefetch_fraction(layer_elements, prefetch_bucket_elements, max_li
 
 
 def zero3_step(gather_layer_s, reduce_scatter_layer_s, forward_layer_s, backward_layer_s,
-               num_layers, micro_batches, prefetch_fraction) -> DpCommTime:
+               num_layers, micro_batches, prefetch_fraction, interference=0.0) -> DpCommTime:
     """DeepSpeed ZeRO-3, per step of m micro-batches (all per-layer times per micro-batch):
     forward: gathers pipelined with compute; backward: re-gather + reduce-scatter share the
     network, the last reduce-scatter is exposed; repeated on every micro-batch."""
     a, r = np.asarray(gather_layer_s, dtype=float), np.asarray(reduce_scatter_layer_s, dtype=float)
     m, n_layers = np.asarray(micro_batches), np.asarray(num_layers)
-    fwd = pipelined_s(a, forward_layer_s, n_layers, prefetch_fraction)
-    bwd = pipelined_s(a + r, backward_layer_s, n_layers, prefetch_fraction)
+    fwd = pipelined_s(a, forward_layer_s, n_layers, prefetch_fraction, interference)
+    bwd = pipelined_s(a + r, backward_layer_s, n_layers, prefetch_fraction, interference)
     compute = n_layers * (np.asarray(forward_layer_s) + np.asarray(backward_layer_s))
     step = m * (fwd + bwd)
     return DpCommTime(total_s=m * n_layers * (2 * a + r), exposed_s=step - m * compute, step_s=step)
@@ -76,7 +82,8 @@ def zero3_step(gather_layer_s, reduce_scatter_layer_s, forward_layer_s, backward
 
 def fsdp2_step(gather_layer_s, reduce_scatter_layer_s, forward_layer_s, backward_layer_s,
                num_layers, micro_batches, reshard_after_forward: bool = True,
-               reduce_every_micro_batch: bool = True, replica_all_reduce_layer_s=0.0) -> DpCommTime:
+               reduce_every_micro_batch: bool = True, replica_all_reduce_layer_s=0.0,
+               interference=0.0) -> DpCommTime:
     """PyTorch FSDP2: forward gathers prefetched one unit ahead (f = 1); backward re-gathers only
     with reshard_after_forward; reduce-scatter (plus the HSDP replica all-reduce) on every
     micro-batch, or only on the last one when gradient sync is deferred."""
@@ -84,9 +91,10 @@ def fsdp2_step(gather_layer_s, reduce_scatter_layer_s, forward_layer_s, backward
     red = np.asarray(reduce_scatter_layer_s, dtype=float) + np.asarray(replica_all_reduce_layer_s, dtype=float)
     m, n_layers = np.asarray(micro_batches), np.asarray(num_layers)
     bwd_gather = a if reshard_after_forward else 0.0 * a
-    fwd = pipelined_s(a, forward_layer_s, n_layers)
-    bwd_reduce = pipelined_s(bwd_gather + red, backward_layer_s, n_layers)
-    bwd_plain = pipelined_s(bwd_gather, backward_layer_s, n_layers)
+    k = interference
+    fwd = pipelined_s(a, forward_layer_s, n_layers, 1.0, k)
+    bwd_reduce = pipelined_s(bwd_gather + red, backward_layer_s, n_layers, 1.0, k)
+    bwd_plain = pipelined_s(bwd_gather, backward_layer_s, n_layers, 1.0, k)
     reducing = m if reduce_every_micro_batch else np.ones_like(m)
     step = m * fwd + reducing * bwd_reduce + (m - reducing) * bwd_plain
     compute = n_layers * (np.asarray(forward_layer_s) + np.asarray(backward_layer_s))

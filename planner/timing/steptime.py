@@ -35,7 +35,7 @@ from planner.core import flops as flops_mod
 from planner.core import params
 from planner.core.columns import RECOMPUTE_MODES, LayoutColumns
 from planner.core.errors import PlanInputError
-from planner.timing import collectives, gemm, sharded_dp
+from planner.timing import collectives, gemm, interference, sharded_dp
 from planner.timing import fp8 as fp8_timing
 from planner.memory.fp8 import mfu_peak_dtype
 from planner.memory.model_states import DEFAULT_BUFFERS
@@ -178,13 +178,14 @@ def last_bucket_bytes(zero_stage, grad_bytes, reduce_bucket_elements=DEFAULT_BUF
     return np.where(zero_stage == 0, ddp_bucket_bytes, reduce_bucket_elements * grad_bytes)
 
 
-def exposed_s(comm_s, window_s, floor_s=0.0):
-    """Communication hidden behind `window_s` of compute; at least `floor_s` stays exposed."""
-    return np.maximum(np.maximum(comm_s - window_s, 0.0), np.minimum(floor_s, comm_s))
+def exposed_s(comm_s, window_s, floor_s=0.0, slowdown=0.0):
+    """Communication hidden behind `window_s` of compute; at least `floor_s` stays exposed, and
+    the overlapped rest slows compute by `slowdown` x its time (`interference.overlapped_exposed_s`)."""
+    return interference.overlapped_exposed_s(comm_s, window_s, slowdown, floor_s)
 
 
 def dp_comm_times_s(zero_stage, micro_batches, grad_half_s, param_half_s, bucket_half_s,
-                    fwd_mb_s, bwd_mb_s):
+                    fwd_mb_s, bwd_mb_s, slowdown=0.0):
     """(total, exposed) data-parallel time per step for DDP and ZeRO-1/2 from one-pass (RS or
     AG) collective times (ZeRO-3: `zero3_comm`).
 
@@ -195,13 +196,13 @@ def dp_comm_times_s(zero_stage, micro_batches, grad_half_s, param_half_s, bucket
     last bucket; ZeRO-2 keeps only its gradient shard, so it reduce-scatters every micro-batch
     (seed 002 §ZeRO-2). The ZeRO-1/2 parameter all-gather after the optimizer step is exposed.
     """
-    m = micro_batches
+    m, k = micro_batches, slowdown
     ddp_total = 2 * grad_half_s
-    ddp_exposed = exposed_s(ddp_total, bwd_mb_s, 2 * bucket_half_s)
+    ddp_exposed = exposed_s(ddp_total, bwd_mb_s, 2 * bucket_half_s, k)
     z1_total = grad_half_s + param_half_s
-    z1_exposed = exposed_s(grad_half_s, bwd_mb_s, bucket_half_s) + param_half_s
+    z1_exposed = exposed_s(grad_half_s, bwd_mb_s, bucket_half_s, k) + param_half_s
     z2_total = m * grad_half_s + param_half_s
-    z2_exposed = m * exposed_s(grad_half_s, bwd_mb_s, bucket_half_s) + param_half_s
+    z2_exposed = m * exposed_s(grad_half_s, bwd_mb_s, bucket_half_s, k) + param_half_s
     stage = np.minimum(zero_stage, 2)
     total = np.choose(stage, [ddp_total, z1_total, z2_total])
     exposed = np.choose(stage, [ddp_exposed, z1_exposed, z2_exposed])
@@ -230,7 +231,7 @@ def zero3_comm(r: "Rates", layers, stage_params, dp_local, dp, micro_batches, si
     prefetch = sharded_dp.deepspeed_prefetch_fraction(
         layer_params, sizes.buffers.prefetch_bucket_elements, sizes.buffers.max_live_parameters)
     return sharded_dp.zero3_step(gather, reduce, fwd_mb_s / layers, bwd_mb_s / layers, layers,
-                                 micro_batches, prefetch)
+                                 micro_batches, prefetch, r.interference)
 
 
 def fsdp2_comm(r: "Rates", layers, stage_params, dp_local, dp, micro_batches, sizes: "ByteSizes",
@@ -243,8 +244,8 @@ def fsdp2_comm(r: "Rates", layers, stage_params, dp_local, dp, micro_batches, si
     gather = dp_collective_s(r, "all_gather", layer_params * sizes.param_bytes, dp_local, dp)
     reduce = dp_collective_s(r, "reduce_scatter", layer_params * sizes.grad_bytes, dp_local, dp)
     args = (gather, reduce, fwd_mb_s / layers, bwd_mb_s / layers, layers, micro_batches)
-    again = sharded_dp.fsdp2_step(*args, reshard_after_forward=True)
-    kept = sharded_dp.fsdp2_step(*args, reshard_after_forward=False)
+    again = sharded_dp.fsdp2_step(*args, reshard_after_forward=True, interference=r.interference)
+    kept = sharded_dp.fsdp2_step(*args, reshard_after_forward=False, interference=r.interference)
     pick = np.asarray(reshard_after_forward, dtype=bool)
     return sharded_dp.DpCommTime(*(np.where(pick, a, b) for a, b in zip(again, kept)))
 
@@ -316,6 +317,9 @@ class Rates(Frozen):
     nvme_read_bw: float
     nvme_write_bw: float
     cpu_adam_params_per_s: float
+    interference: float = 0.0
+    """k: the SM share an overlapped NCCL collective takes from compute
+    (`interference.sm_share_lost`; 0 when the GPU profile has no sm_count)."""
 
 
 def cluster_rates(cluster: Cluster, setup: TrainSetup, efficiency: float | None = None) -> Rates:
@@ -348,6 +352,7 @@ def cluster_rates(cluster: Cluster, setup: TrainSetup, efficiency: float | None 
         nvme_read_bw=node.nvme_read_gb_per_s * GB or math.inf,
         nvme_write_bw=node.nvme_write_gb_per_s * GB or math.inf,
         cpu_adam_params_per_s=node.cpu_adam_params_per_s,
+        interference=interference.sm_share_lost(cluster.gpu.sm_count),
     )
 
 
@@ -457,7 +462,7 @@ def state_terms(r: Rates, cols: LayoutColumns, layers, stage_params, shard_param
                                sizes.buffers.ddp_bucket_bytes)
     dp_total, dp_exposed = dp_comm_times_s(
         zero, m, half(stage_params * grad_b), half(stage_params * param_b),
-        half(np.minimum(bucket, stage_params * grad_b)), fwd_mb_s, bwd_mb_s)
+        half(np.minimum(bucket, stage_params * grad_b)), fwd_mb_s, bwd_mb_s, r.interference)
     z3 = zero3_comm(r, layers, stage_params, dp_local, dp, m, sizes, fwd_mb_s, bwd_mb_s)
     fsdp = fsdp2_comm(r, layers, stage_params, dp_local, dp, m, sizes, fwd_mb_s, bwd_mb_s,
                       zero == 3)

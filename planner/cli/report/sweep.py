@@ -15,7 +15,8 @@ from planner.search.sweep import SweepResult, SweepRow
 
 
 def layout_label(row: SweepRow) -> str:
-    """Short description of the non-default choices: `z3 off=cpu/- rc=sel sp`."""
+    """Short description of the non-default choices: `z3 off=cpu/- rc=sel sp L=7/7` (L: the
+    uneven first / last stage layers)."""
     lay = row.layout
     parts = [f"z{lay.zero_stage}" + (" fsdp2" if lay.dp_engine == "fsdp2" else "")]
     if lay.offload_optimizer != "none" or lay.offload_params != "none":
@@ -25,6 +26,8 @@ def layout_label(row: SweepRow) -> str:
         parts.append(f"rc={lay.recompute[:3]}")
     if lay.sequence_parallel:
         parts.append("sp")
+    if lay.first_stage_layers or lay.last_stage_layers:  # Megatron's uneven first / last stage
+        parts.append(f"L={lay.first_stage_layers or '-'}/{lay.last_stage_layers or '-'}")
     return " ".join(parts)
 
 
