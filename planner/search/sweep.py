@@ -32,7 +32,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from planner.memory import activations, implementations, model_states, plan
+from planner.memory import activations, experts, implementations, model_states, plan
 from planner.memory.reserve import reserve_column
 from planner.core import params
 from planner.timing import steptime
@@ -55,6 +55,9 @@ class Constraints(Frozen):
     tp: tuple[int, ...] | None = None
     pp: tuple[int, ...] | None = None
     dp: tuple[int, ...] | None = None
+    ep: tuple[int, ...] | None = None
+    """Expert-parallel degrees to search (MoE models); None: every divisor of the routed
+    experts that divides dp. Dense models search ep = 1 only."""
     virtual_stages: tuple[int, ...] | None = None
     zero_stage: tuple[int, ...] | None = None
     offload_optimizer: tuple[OffloadTarget, ...] | None = None
@@ -95,11 +98,20 @@ def _tp_ok(model: ModelSpec, cluster: Cluster, setup: TrainSetup, tps: list[int]
     return ok
 
 
+def ep_options(model: ModelSpec, dp: int, c: Constraints) -> list[int]:
+    """Expert-parallel degrees for one dp: divisors of the routed experts that divide dp
+    (Megatron's group arithmetic, planner.core.rules), or the pinned ones; [1] for dense models."""
+    if not model.is_moe:
+        return [1] if _allowed(1, c.ep) else []
+    return [e for e in _divisors(model.num_experts) if dp % e == 0 and _allowed(e, c.ep)]
+
+
 def structures(model: ModelSpec, cluster: Cluster, setup: TrainSetup,
-               c: Constraints) -> list[tuple[int, int, int, int]]:
-    """Every (tp, pp, dp, v) the constraints allow, tp dividing the GPUs and the rule table's
-    tp rule, pp dividing the layers (even stages), dp = GPUs / (tp·pp) dividing the global
-    batch, v dividing the layers per stage. The rule table checks them again (`enumerate`)."""
+               c: Constraints) -> list[tuple[int, int, int, int, int]]:
+    """Every (tp, pp, dp, v, ep) the constraints allow, tp dividing the GPUs and the rule
+    table's tp rule, pp dividing the layers (even stages), dp = GPUs / (tp·pp) dividing the
+    global batch, v dividing the layers per stage, ep from `ep_options`. The rule table checks
+    them again (`enumerate`)."""
     n, node = cluster.num_gpus, cluster.node.gpus_per_node
     tps = [t for t in _divisors(n) if _allowed(t, c.tp) and t <= (c.max_tp or n)
            and (t <= node or c.allow_cross_node_tp)]
@@ -113,7 +125,7 @@ def structures(model: ModelSpec, cluster: Cluster, setup: TrainSetup,
                 continue
             for v in _divisors(model.num_layers // pp) if pp > 1 else [1]:
                 if _allowed(v, c.virtual_stages) and v <= (c.max_virtual_stages or v):
-                    out.append((tp, pp, dp, v))
+                    out.extend((tp, pp, dp, v, ep) for ep in ep_options(model, dp, c))
     return out
 
 
@@ -154,12 +166,13 @@ def enumerate_layouts(model: ModelSpec, cluster: Cluster, setup: TrainSetup,
     needs tp > 1 dividing seq_len). One search rule on top: ZeRO over one dp rank is DDP unless
     it offloads, so it is not enumerated twice."""
     ctx = rules.Context(model, cluster, setup)
-    struct = _ints(structures(model, cluster, setup, c)).reshape(-1, 4)
+    struct = _ints(structures(model, cluster, setup, c)).reshape(-1, 5)
     micro = _ints(micro_batch_options(setup, c))
     s_idx, b_idx = (a.ravel() for a in np.indices((len(struct), len(micro)), dtype=np.int64))
     dp_s, b_s = struct[s_idx, 2], micro[b_idx]
     pairs = LayoutColumns(dict(tp=struct[s_idx, 0], pp=struct[s_idx, 1], dp=dp_s,
-                               virtual_stages=struct[s_idx, 3], micro_batch=b_s,
+                               virtual_stages=struct[s_idx, 3], ep=struct[s_idx, 4],
+                               micro_batch=b_s,
                                grad_accum=setup.global_batch // (dp_s * b_s)))
     ok, rejected = rules.mask(ctx, pairs)
     pairs = pairs.take(ok)
@@ -177,6 +190,12 @@ def enumerate_layouts(model: ModelSpec, cluster: Cluster, setup: TrainSetup,
     rejected |= sp_rejected
     sp_ok = sp_ok.reshape(len(pairs), len(seq_par))
     zero_ok = (pairs["dp"] > 1)[:, None] | (states[:, 0] == 0) | (states[:, 1] > 0) | (states[:, 2] > 0)
+    ep_cols = LayoutColumns(dict(ep=np.repeat(pairs["ep"], len(states)),
+                                 zero_stage=np.tile(states[:, 0], len(pairs)),
+                                 dp_engine=np.tile(states[:, 3], len(pairs))))
+    ep_ok, ep_rejected = rules.mask(ctx, ep_cols, rules.RULES)  # ep x ZeRO stage / engine
+    rejected |= ep_rejected
+    zero_ok = zero_ok & ep_ok.reshape(len(pairs), len(states))
     shape = (len(pairs), len(states), len(recompute), len(seq_par))
     keep = np.broadcast_to(zero_ok[:, :, None, None] & sp_ok[:, None, None, :], shape)
     pair, state, r, s = np.nonzero(keep)  # in C order: the enumeration order
@@ -210,21 +229,26 @@ _representatives = representatives
 @functools.lru_cache(maxsize=4096)
 def stage_table(model: ModelSpec, tp: int, pp: int,
                 threshold: int = model_states.DEFAULT_BUFFERS.param_persistence_threshold,
-                ) -> dict[str, tuple[int, int, int]]:
+                ep: int = 1) -> dict[str, tuple[int, int, int]]:
     """Scalar facts of the first, a middle and the last stage (params, model_states): parameters
-    per GPU, largest tensor, ZeRO-3 persistent elements; a middle stage exists when pp >= 3."""
+    per tp rank at ep = 1 and the routed experts among them (memory.experts), largest tensor,
+    ZeRO-3 persistent elements; `max_params` per GPU with the routed experts / ep. A middle
+    stage exists when pp >= 3."""
     stages = params.stage_params(model, tp, pp)
+    routed = experts.stage_routed_params(model, tp, pp)
     kinds = (stages[0], stages[1] if pp >= 3 else stages[0], stages[-1])
     distinct = {s.stage: s for s in kinds}  # pp = 1 and 2 repeat a stage
     largest = {i: params.largest_param_numel(model, tp, i, pp) for i in distinct}
     persistent = {i: model_states.zero3_persistent_numel(model, tp, s, pp, threshold)
                   for i, s in distinct.items()}
+    per_gpu = [experts.params_per_gpu(s.total, x, ep) for s, x in zip(stages, routed)]
     return {
         "params": tuple(s.total for s in kinds),
+        "routed": tuple(routed[s.stage] for s in kinds),
         "largest": tuple(largest[s.stage] for s in kinds),
         "persistent": tuple(persistent[s.stage] for s in kinds),
         "max_layers": (max(s.num_layers for s in stages),) * 3,
-        "max_params": (max(s.total for s in stages),) * 3,
+        "max_params": (max(per_gpu),) * 3,
     }
 
 
@@ -353,9 +377,10 @@ def model_state_columns(cluster: Cluster, setup: TrainSetup, cands: LayoutColumn
     sub = cands.take(rep)
     gpu, host = [], []
     for kind in (0, 1, 2):  # first, middle, last stage
-        P = tables["params"][row, kind]
-        states = model_states.state_parts(P, sub, setup.precision, setup.optimizer,
-                                           setup.host_accounting)
+        P, routed = tables["params"][row, kind], tables["routed"][row, kind]
+        states = experts.ep_state_parts(P, routed, sub, setup.precision, setup.optimizer,
+                                        setup.host_accounting)
+        P = experts.params_per_gpu(P, routed, sub["ep"]) if "ep" in sub else P
         buffers_parts = model_states.buffer_parts(
             P, tables["largest"][row, kind], tables["persistent"][row, kind], sub,
             setup.precision, buffers)
@@ -363,13 +388,13 @@ def model_state_columns(cluster: Cluster, setup: TrainSetup, cands: LayoutColumn
                    + model_states.parts_total(buffers_parts, P))
         host.append((model_states.parts_total(states.cpu, P),
                      model_states.parts_total(states.nvme, P)))
-    counts = node_counts(cluster, tp_pp)[row]  # (combinations, node rows, 3 stage kinds)
+    counts = node_counts(cluster, tp_pp[:, :2])[row]  # (combinations, node rows, 3 stage kinds)
     node_cpu = np.max(sum(counts[:, :, k] * host[k][0][:, None] for k in range(3)), axis=1)
     node_nvme = np.max(sum(counts[:, :, k] * host[k][1][:, None] for k in range(3)), axis=1)
     return gpu[0][inv], gpu[2][inv], node_cpu[inv], node_nvme[inv]
 
 
-STAGE_FIELDS = ("params", "largest", "persistent", "max_layers", "max_params")
+STAGE_FIELDS = ("params", "routed", "largest", "persistent", "max_layers", "max_params")
 
 
 def evaluate(model: ModelSpec, cluster: Cluster, setup: TrainSetup, cands: dict[str, np.ndarray],
@@ -377,9 +402,10 @@ def evaluate(model: ModelSpec, cluster: Cluster, setup: TrainSetup, cands: dict[
     """Memory (worst stage, busiest node) and step time of every candidate, as columns."""
     c = c or Constraints()
     tp, pp, vs, rec, sp, b = (cands[k] for k in ("tp", "pp", "virtual_stages", "recompute", "sequence_parallel", "micro_batch"))
-    keys, inv = _group(tp, pp)
+    ep = cands["ep"] if "ep" in cands else np.ones_like(tp)
+    keys, inv = _group(tp, pp, ep)
     threshold = c.buffers.param_persistence_threshold
-    stage = [stage_table(model, t, p, threshold) for t, p in keys.tolist()]
+    stage = [stage_table(model, t, p, threshold, e) for t, p, e in keys.tolist()]
     tables = {name: np.array([s[name] for s in stage], dtype=np.int64).reshape(-1, 3)
               for name in STAGE_FIELDS}  # (tp, pp) rows x (first, middle, last stage)
 
