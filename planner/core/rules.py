@@ -14,7 +14,8 @@ Expert parallelism (ep): Megatron-LM at commit d98e8a64 `megatron/training/argum
 (num_experts % expert_model_parallel_size == 0) and `megatron/core/parallel_state.py`
 (initialize_model_parallel: expert_tensor_parallel_size defaults to tp, world_size must be
 divisible by etp·ep·pp, expert dp = world / (etp·ep·pp)); DeepSpeed 0.19.8 runtime/engine.py
-(`_validate_zero3_moe_compatibility`: no MoE under ZeRO-3).
+(`_validate_zero3_moe_compatibility`: native MoE refused under ZeRO-3; only AutoEP layers pass,
+whose ZeRO-3 partitioning zplan does not model, so ep > 1 needs ZeRO <= 2).
 
 Sources of the rules: Megatron-LM `megatron/training/arguments.py` (validate_args: world size
 = tp·pp·dp, interleaved schedule needs num_layers divisible by pp·v and the number of
@@ -201,9 +202,10 @@ LAYOUT_RULES: tuple[Rule, ...] = (
          lambda x, r: f"virtual_stages={r['virtual_stages']} needs pp > 1 (got pp=1)"),
     Rule("expert parallelism needs ZeRO <= 2", "ep", ("ep", "zero_stage"),
          lambda x, c: (c["ep"] == 1) | (c["zero_stage"] <= 2),
-         lambda x, r: (f"ep={r['ep']} needs zero_stage 0, 1 or 2 (got 3): DeepSpeed refuses MoE "
-                       "under ZeRO-3 (runtime/engine.py _validate_zero3_moe_compatibility) and "
-                       "Megatron's distributed optimizer shards like ZeRO-1")),
+         lambda x, r: (f"ep={r['ep']} needs zero_stage 0, 1 or 2 (got 3): expert parallelism "
+                       "under ZeRO-3 is not modelled (DeepSpeed's native MoE refuses it, "
+                       "runtime/engine.py _validate_zero3_moe_compatibility; Megatron's "
+                       "distributed optimizer shards like ZeRO-1)")),
 )
 """Rules on one Layout alone (no model, cluster or setup): `Layout`'s own validator raises
 them as ValueError when the layout is built; the sweep masks its candidates with them."""
@@ -266,7 +268,7 @@ RULES: tuple[Rule, ...] = LAYOUT_RULES + (
                        f"recompute none or full (got {RECOMPUTE_MODES[r['recompute']]}); use "
                        "implementation=megatron")),
     Rule("ep needs an MoE model and must divide its routed experts", "ep", ("ep",),
-         lambda x, c: (c["ep"] == 1) | (x.model.num_experts % c["ep"] == 0),
+         lambda x, c: (c["ep"] == 1) | (x.model.is_moe & (x.model.num_experts % c["ep"] == 0)),
          _ep_experts_message),
     Rule("ep must divide dp", "ep", ("ep", "dp"),
          lambda x, c: c["dp"] % c["ep"] == 0,
