@@ -284,22 +284,26 @@ def hf_activation_column(model: ModelSpec, setup: TrainSetup, rec, b) -> np.ndar
 
 
 def activation_table(model: ModelSpec, setup: TrainSetup, tp: int, rec: int, sp: bool,
-                     flash: bool) -> tuple[int, int, int, int]:
-    """(one block kept, first extras, last extras, recompute working) bytes at micro_batch = 1
-    from the activations module. Every entry is linear in the micro-batch (b multiplies each
+                     flash: bool) -> tuple[int, int, int, int, int]:
+    """(one block kept, one dense block kept, first extras, last extras, recompute working)
+    bytes at micro_batch = 1 from the activations module (the dense block differs from the
+    first for models mixing dense and MoE blocks; `chunk_bytes` combines them). Every entry is linear in the micro-batch (b multiplies each
     product) and a chunk of n blocks keeps n x one block (`layers_kept_bytes` without every_k).
     hf-* (transformers' modules, not linear in b): `hf_activation_column` replaces this table's
     figures in `evaluate`; the b = 1 figures here serve the step-time side only."""
     if setup.implementation != "megatron":  # tp = pp = 1 (rule table); per micro-batch at b = 1
         if tp != 1 or RECOMPUTE_MODES[rec] not in ("none", "full"):
-            return (0, 0, 0, 0)  # masked by the rule table
+            return (0, 0, 0, 0, 0)  # masked by the rule table
         block, outside, working = implementations.hf_activation_bytes(
             model, setup, RECOMPUTE_MODES[rec], 1)
-        return block, outside, 0, working
+        return block, block, outside, 0, working
     lay = Layout(tp=tp, recompute=RECOMPUTE_MODES[rec], sequence_parallel=sp, flash_attention=flash)
     s, e = setup.seq_len, setup.precision.activation_bytes
+    mixed = len(params.block_kinds(model)) == 2
     return (
         activations.layers_kept_bytes(model, lay, s, 1, e, 1),
+        activations.layer_activation_bytes(model, lay, s, 1, e, moe=False) if mixed
+        else activations.layers_kept_bytes(model, lay, s, 1, e, 1),
         sum(activations.first_stage_extra_bytes(model, lay, s, 1, e).values()),
         sum(activations.last_stage_extra_bytes(model, lay, s, 1, e).values()),
         activations.recompute_working_bytes(model, lay, s, 1, e, 1),
@@ -325,14 +329,40 @@ def state_bytes(P, dp, zero, opt, par, m, setup: TrainSetup):
     return tuple(model_states.parts_total(p, like) for p in parts[:3])
 
 
-def kept_activation_bytes_b1(cands: dict[str, np.ndarray], chunk, first, last):
+@functools.lru_cache(maxsize=4096)
+def chunk_moe_range(model: ModelSpec, pp: int, v: int) -> tuple[int, int, int, int]:
+    """(fewest, most) MoE blocks in a model chunk of the first stage, then of the last stage
+    (`activations.chunk_moe_layers`; even stages, as the sweep enumerates)."""
+    counts = activations.chunk_moe_layers(model, params.layers_per_stage(model.num_layers, pp), v)
+    return min(counts[0]), max(counts[0]), min(counts[-1]), max(counts[-1])
+
+
+def chunk_bytes(model: ModelSpec, pp, vs, block, dense):
+    """Kept bytes of the heaviest model chunk of the first and of the last stage at b = 1
+    (`activations.stage_activations`): n = L / (pp·v) blocks, k of them MoE blocks (`block`),
+    the others dense (`dense`); the heaviest chunk has the fewest or the most MoE blocks."""
+    n = model.num_layers // (pp * vs)  # blocks per model chunk (pp | layers)
+    if len(params.block_kinds(model)) == 1:
+        return block * n, block * n
+    keys, inv = _group(pp, vs)
+    ranges = np.array([chunk_moe_range(model, p, v) for p, v in keys.tolist()],
+                      dtype=np.float64).reshape(-1, 4)[inv]
+    extra = block - dense  # one MoE block instead of a dense one
+    first = n * dense + np.maximum(ranges[:, 0] * extra, ranges[:, 1] * extra)
+    last = n * dense + np.maximum(ranges[:, 2] * extra, ranges[:, 3] * extra)
+    return first, last
+
+
+def kept_activation_bytes_b1(cands: dict[str, np.ndarray], chunk, first, last, chunk_last=None):
     """Peak kept activations of the first and last stage at micro_batch 1
     (`activations.stage_activations`): 1F1B holds min(p, m) micro-batches on stage 1 and one on
-    stage p; interleaved stages take the replay's largest chunk-weighted state."""
+    stage p; interleaved stages take the replay's largest chunk-weighted state. `chunk`: one
+    model chunk's bytes on the first stage; `chunk_last` on the last (None: the same)."""
+    chunk_last = chunk if chunk_last is None else chunk_last
     pp, vs, m = cands["pp"], cands["virtual_stages"], cands["grad_accum"]
     single = pp == 1  # one stage carries the embedding and the head
     f = activations.in_flight_1f1b(pp, 1, m) * (chunk + first + np.where(single, last, 0))
-    lst = np.where(single, f, activations.in_flight_1f1b(pp, pp, m) * (chunk + last))
+    lst = np.where(single, f, activations.in_flight_1f1b(pp, pp, m) * (chunk_last + last))
     inter = np.nonzero(vs > 1)[0]
     if inter.size:
         p_i, v_i = pp[inter], vs[inter]
@@ -340,9 +370,9 @@ def kept_activation_bytes_b1(cands: dict[str, np.ndarray], chunk, first, last):
         cap = (2 * (p_i - 1) + (v_i - 1) * p_i + 2 * p_i * v_i) // v_i + 2
         keys, inv = _group(p_i, v_i, np.minimum(m[inter], cap))  # one replay per (p, v, m)
         p, v, m_eff = keys.T
-        c = chunk[inter]
-        sides = ((f, first[inter], 0, 0), (lst, last[inter], p - 1, v - 1))  # rank, its chunk
-        for out, extra, rank, weighted in sides:  # with extras: embedding 0, head v - 1
+        sides = ((f, chunk[inter], first[inter], 0, 0),  # rank, its chunk with extras:
+                 (lst, chunk_last[inter], last[inter], p - 1, v - 1))  # embedding 0, head v - 1
+        for out, c, extra, rank, weighted in sides:
             fronts = interleaved_fronts(p, rank, v, m_eff, weighted)  # (replays, 2 pairs, 2)
             out[inter] = np.maximum(c * fronts[inv, 0, 0] + extra * fronts[inv, 0, 1],
                                     c * fronts[inv, 1, 0] + extra * fronts[inv, 1, 1])
@@ -411,10 +441,10 @@ def evaluate(model: ModelSpec, cluster: Cluster, setup: TrainSetup, cands: dict[
 
     akeys, ainv = _group(tp, rec, sp)
     act = np.array([activation_table(model, setup, t, r, bool(s), c.flash_attention)
-                    for t, r, s in akeys.tolist()], dtype=np.float64).reshape(-1, 4)
-    block, first_x, last_x, working = (act[:, k][ainv] for k in range(4))
-    chunk = block * (model.num_layers // (pp * vs))  # blocks per model chunk (pp | layers)
-    kept_f, kept_l = kept_activation_bytes_b1(cands, chunk, first_x, last_x)
+                    for t, r, s in akeys.tolist()], dtype=np.float64).reshape(-1, 5)
+    block, dense, first_x, last_x, working = (act[:, k][ainv] for k in range(5))
+    chunk_f, chunk_l = chunk_bytes(model, pp, vs, block, dense)
+    kept_f, kept_l = kept_activation_bytes_b1(cands, chunk_f, first_x, last_x, chunk_l)
     states_first, states_last, node_cpu, node_nvme = model_state_columns(
         cluster, setup, cands, keys, inv, tables, c.buffers)
     gpu_first = states_first + b * (kept_f + working)
