@@ -233,11 +233,12 @@ def _table(runs, efficiency: float, calibrated: str) -> list[str]:
 
 # --------------------------------------------------------------------------- data-file rows
 
-CATEGORIES = ("megatron-a100", "megatron-h100", "zero3-fsdp", "other-gpu")
+CATEGORIES = ("megatron-a100", "megatron-h100", "zero3-fsdp", "other-gpu", "moe")
 """Megatron-style tp/pp runs on A100; Megatron-style runs on H100 (engine megatron-*, added
 with out_of_sample_2 before its errors were computed); sharded data parallel (ZeRO-3 / FSDP)
-runs; runs on any other GPU or engine. A row belongs to the first that applies in the order
-zero3-fsdp, megatron-a100, megatron-h100, other-gpu."""
+runs; runs on any other GPU or engine; mixture-of-experts runs (`category: moe`, evaluated with
+their ep). A row belongs to the first that applies in the order moe, zero3-fsdp, megatron-a100,
+megatron-h100, other-gpu."""
 
 
 def data_zero_stage(run: PublicRun) -> int:
@@ -251,6 +252,8 @@ def data_zero_stage(run: PublicRun) -> int:
 
 
 def data_category(run: PublicRun) -> str:
+    if run.category == "moe":
+        return "moe"
     if data_zero_stage(run) == 3:
         return "zero3-fsdp"
     if run.gpu.startswith("a100"):
@@ -288,6 +291,8 @@ def data_row_error(run: PublicRun, level: float | None = None
     eq. 3 (with the recompute forward), as their sources count. Named approximation: when the
     global batch is not a multiple of micro-batch x dp (OPT: 1024 over 124), the step runs
     ceil(batch / (b·dp)) micro-batches and throughput is counted over that batch."""
+    if run.category == "moe":
+        return moe_row_error(run)
     if run.model is None or run.global_batch is None or run.micro_batch is None:
         return None, None, "model dimensions or batch not transcribed"
     if run.cp > 1:
@@ -333,6 +338,40 @@ def _compare(run: PublicRun, batch: int, est, note: str
     flops = formula(batch, m.seq_len, m.num_layers, m.hidden_size, m.vocab_size)
     pred = flops / (est.step_s * run.num_gpus) / 1e12
     return pred, 100 * (pred / run.tflops_per_gpu - 1), note
+
+
+MOE_ROWS = {"deepseek-v3-671b-2048gpu": ("deepseek-v3", 1, "te-fp8", 37e9)}
+"""category moe rows: (the shipped preset built from the row's config.json, the micro-batch
+assumed (the report gives none: 1, the planner's default, fixed before the row was evaluated),
+the precision recipe the source states (DeepSeek-V3 §3.3: FP8 GEMMs), the activated parameters
+its `counting` multiplies by 6)."""
+
+
+def moe_row_error(run: PublicRun) -> tuple[float | None, float | None, str]:
+    """A mixture-of-experts row with its expert-parallel degree (planner.timing.expert):
+    predicted TFLOP/s per GPU counted as the row counts it (6 x activated parameters x
+    tokens/s per GPU). Never fitted: out-of-sample rows only report their error."""
+    if run.name not in MOE_ROWS or run.global_batch is None:
+        return None, None, "no preset for this MoE row"
+    preset, micro, precision, active = MOE_ROWS[run.name]
+    from planner.io.loading import load_model
+
+    model = load_model(preset)
+    m = run.global_batch // (micro * run.dp)
+    layout = Layout(tp=run.tp, pp=run.pp, dp=run.dp, ep=run.ep, zero_stage=1,
+                    recompute="selective" if run.recompute == "unknown" else run.recompute,
+                    micro_batch=micro, grad_accum=m)
+    setup = TrainSetup(seq_len=run.model.seq_len, global_batch=m * micro * run.dp,
+                       train_tokens=300e9, precision=get_precision(precision),
+                       optimizer=get_optimizer("adam"))
+    try:
+        est = estimate_step(model, cluster_for_gpus(run.gpu, run.num_gpus), layout, setup)
+    except PlanInputError as exc:
+        return None, None, f"refused: {exc}"
+    pred = 6 * active * est.tokens_per_s / run.num_gpus / 1e12
+    return pred, 100 * (pred / run.tflops_per_gpu - 1), (
+        f"ep={run.ep}, micro-batch {micro} assumed, {precision}; all-to-all "
+        f"{est.ep_comm_s / est.step_s:.0%} of the step")
 
 
 def fit_level(run: PublicRun, lo: float = 0.05, hi: float = 1.0) -> float:

@@ -28,7 +28,7 @@ DP_ENGINES = ("deepspeed", "fsdp2")
 CODED = {"offload_optimizer": OFFLOAD_TARGETS, "offload_params": OFFLOAD_TARGETS,
          "recompute": RECOMPUTE_MODES, "dp_engine": DP_ENGINES}
 """Literal fields stored as the index of their value."""
-FIELDS = ("tp", "pp", "dp", "virtual_stages", "zero_stage", "offload_optimizer", "offload_params",
+FIELDS = ("tp", "pp", "dp", "ep", "virtual_stages", "zero_stage", "offload_optimizer", "offload_params",
           "recompute", "recompute_every_k", "sequence_parallel", "micro_batch", "grad_accum",
           "first_stage_layers", "last_stage_layers", "dp_engine")
 """The varying Layout fields, each one column."""

@@ -10,6 +10,13 @@ row that is not, the error line naming every factor (`message`). So
 - `zplan sweep` calls `mask` on its candidate columns: the rows every rule allows, and per rule
   the rows it removed, with the rule's reason.
 
+Expert parallelism (ep): Megatron-LM at commit d98e8a64 `megatron/training/arguments.py`
+(num_experts % expert_model_parallel_size == 0) and `megatron/core/parallel_state.py`
+(initialize_model_parallel: expert_tensor_parallel_size defaults to tp, world_size must be
+divisible by etp·ep·pp, expert dp = world / (etp·ep·pp)); DeepSpeed 0.19.8 runtime/engine.py
+(`_validate_zero3_moe_compatibility`: native MoE refused under ZeRO-3; only AutoEP layers pass,
+whose ZeRO-3 partitioning zplan does not model, so ep > 1 needs ZeRO <= 2).
+
 Sources of the rules: Megatron-LM `megatron/training/arguments.py` (validate_args: world size
 = tp·pp·dp, interleaved schedule needs num_layers divisible by pp·v and the number of
 micro-batches divisible by pp; `megatron/core/utils.py` divide for the heads / widths split by
@@ -138,6 +145,14 @@ def _uneven_message(ctx: Context, r: dict[str, int]) -> str:
             "every stage's count by virtual_stages (Megatron-LM transformer_config.py)")
 
 
+def _ep_experts_message(ctx: Context, r: dict[str, int]) -> str:
+    if not ctx.model.is_moe:
+        return f"ep={r['ep']} needs a mixture-of-experts model; {ctx.model.name} is dense (ep=1)"
+    return (f"ep={r['ep']} must divide num_experts={ctx.model.num_experts} of model "
+            f"{ctx.model.name} (Megatron-LM arguments.py: num_experts % "
+            "expert_model_parallel_size == 0)")
+
+
 def nvme_ready(ctx: Context) -> bool:
     """The node has NVMe capacity AND read and write bandwidth figures. Without the bandwidth
     the offload time cannot be computed (a zero bandwidth would be infinite speed), so NVMe
@@ -185,6 +200,12 @@ LAYOUT_RULES: tuple[Rule, ...] = (
     Rule("virtual stages need pp > 1", "virtual_stages", ("pp", "virtual_stages"),
          lambda x, c: (c["virtual_stages"] == 1) | (c["pp"] > 1),
          lambda x, r: f"virtual_stages={r['virtual_stages']} needs pp > 1 (got pp=1)"),
+    Rule("expert parallelism needs ZeRO <= 2", "ep", ("ep", "zero_stage"),
+         lambda x, c: (c["ep"] == 1) | (c["zero_stage"] <= 2),
+         lambda x, r: (f"ep={r['ep']} needs zero_stage 0, 1 or 2 (got 3): expert parallelism "
+                       "under ZeRO-3 is not modelled (DeepSpeed's native MoE refuses it, "
+                       "runtime/engine.py _validate_zero3_moe_compatibility; Megatron's "
+                       "distributed optimizer shards like ZeRO-1)")),
 )
 """Rules on one Layout alone (no model, cluster or setup): `Layout`'s own validator raises
 them as ValueError when the layout is built; the sweep masks its candidates with them."""
@@ -246,6 +267,23 @@ RULES: tuple[Rule, ...] = LAYOUT_RULES + (
          lambda x, r: (f"implementation={x.setup.implementation} runs transformers' modules: "
                        f"recompute none or full (got {RECOMPUTE_MODES[r['recompute']]}); use "
                        "implementation=megatron")),
+    Rule("ep needs an MoE model and must divide its routed experts", "ep", ("ep",),
+         lambda x, c: (c["ep"] == 1) | (x.model.is_moe & (x.model.num_experts % c["ep"] == 0)),
+         _ep_experts_message),
+    Rule("ep must divide dp", "ep", ("ep", "dp"),
+         lambda x, c: c["dp"] % c["ep"] == 0,
+         lambda x, r: (f"ep={r['ep']} must divide dp={r['dp']}: Megatron-Core carves the expert "
+                       f"groups out of the data-parallel ranks, world_size % (etp*ep*pp) == 0 "
+                       f"with etp = tp (parallel_state.py initialize_model_parallel)")),
+    Rule("expert parallelism is modelled on DeepSpeed/Megatron data parallelism", "ep",
+         ("ep", "dp_engine"),
+         lambda x, c: (c["ep"] == 1) | (c["dp_engine"] == 0),
+         lambda x, r: (f"ep={r['ep']} with dp_engine=fsdp2 is not modelled (FSDP2 shards "
+                       "expert and dense weights by its own mesh); use dp_engine=deepspeed")),
+    Rule("transformers implementations run ep = 1", "implementation", ("ep",),
+         lambda x, c: np.asarray(_megatron(x) | (c["ep"] == 1)),
+         lambda x, r: (f"implementation={x.setup.implementation} runs transformers' modules "
+                       f"without expert parallelism (got ep={r['ep']}); use implementation=megatron")),
     Rule("NVMe offload needs a node with NVMe capacity and bandwidth", "offload",
          ("offload_optimizer", "offload_params"),
          lambda x, c: ~_uses_nvme(c) | nvme_ready(x), _nvme_message),

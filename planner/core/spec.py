@@ -569,6 +569,12 @@ class Layout(Frozen):
     """Pipeline-parallel degree (p). At most the number of layers."""
     dp: int = Field(default=1, gt=0)
     """Data-parallel degree (Nd); ZeRO partitions across these ranks."""
+    ep: int = Field(default=1, gt=0)
+    """Expert-parallel degree (Megatron `--expert-model-parallel-size`): the routed experts of
+    every MoE layer are split over `ep` ranks carved out of the dp ranks (Megatron-Core
+    parallel_state.py: expert dp = tp·dp / (etp·ep) with expert tp = tp); the expert weights'
+    gradients and optimizer states are sharded over the dp / ep expert-data-parallel ranks.
+    1 for dense models (planner.memory.experts, docs/moe.md)."""
     virtual_stages: int = Field(default=1, gt=0)
     """Model chunks per pipeline rank for the interleaved 1F1B schedule (1 = plain 1F1B)."""
     first_stage_layers: int | None = Field(default=None, gt=0)
@@ -618,7 +624,8 @@ class Layout(Frozen):
         from planner.core.columns import CODED  # the rule table reads coded columns
         from planner.core.rules import layout_error
 
-        fields = {name: getattr(self, name) for name in ("tp", "pp", "virtual_stages", "zero_stage",
+        fields = {name: getattr(self, name) for name in ("tp", "pp", "ep", "virtual_stages",
+                                                         "zero_stage",
                                                          "offload_optimizer", "offload_params",
                                                          "sequence_parallel")}
         coded = {k: CODED[k].index(v) if k in CODED else int(v) for k, v in fields.items()}
@@ -704,3 +711,13 @@ class TrainSetup(Frozen):
     """Runtime reserve per GPU, GiB, replacing the profile's CUDA context, NCCL, cuBLAS and
     fragmentation parts (`--reserve`); None: those parts from the GPU profile
     (planner.memory.reserve, docs/reserve.md)."""
+    moe_capacity_factor: float | None = Field(default=None, gt=0, le=1000)
+    """MoE token capacity per expert as a multiple of the even share T·k/E (Megatron
+    `--moe-expert-capacity-factor` with `--moe-pad-expert-input-to-capacity`: every expert's
+    buffer is padded to it, so the all-to-all and the experts' activations carry factor x the
+    routed tokens); None: dropless, exactly the routed tokens (planner.timing.expert, docs/moe.md)."""
+    moe_load_imbalance: float = Field(default=1.0, ge=1.0, le=1000)
+    """MoE load imbalance, a stated input: the busiest expert-parallel rank receives this
+    factor x the average routed tokens (1.0: perfectly balanced, the default; a dropless run
+    with a capacity factor c is bounded by c). It scales the all-to-all a rank waits for and
+    the expert activations it keeps (planner.timing.expert, planner.memory.experts)."""

@@ -170,6 +170,8 @@ def layout_from_deepspeed(
         extra["recompute"] = "full"
         notes.append("activation_checkpointing section present: recompute=full assumed")
     zero_fields = _zero_fields(zero)
+    if _autoep_size(config) is not None:
+        extra.setdefault("ep", _autoep_size(config))
     buffers, buffer_notes = buffers_from_deepspeed(zero, zero_fields["zero_stage"], hidden_size)
     notes += buffer_notes
     try:
@@ -179,6 +181,17 @@ def layout_from_deepspeed(
         raise PlanInputError("deepspeed", format_validation_error(err)) from None
     return EngineJob(layout=layout, global_batch=train, precision=precision_from_deepspeed(config, precision),
                      notes=tuple(notes))
+
+
+def _autoep_size(config: dict[str, Any]) -> int | None:
+    """AutoEP's `expert_parallel.autoep_size` when enabled (DeepSpeed 0.19.8
+    module_inject/auto_ep_config.py parse_autoep_config: enabled default false, autoep_size 1)."""
+    section = config.get("expert_parallel", {})
+    if not isinstance(section, dict):
+        raise PlanInputError("expert_parallel", f"must be an object, got {section!r}")
+    if not section.get("enabled", False):
+        return None
+    return section.get("autoep_size", 1)
 
 
 def config_buffers(config: dict[str, Any], hidden_size: int | None) -> tuple[EngineBuffers, list[str]]:
@@ -340,6 +353,8 @@ def deepspeed_config(model: ModelSpec, layout: Layout, setup: TrainSetup,
     if layout.offload_params != "none":
         zero["offload_param"] = _offload_section(layout.offload_params, nvme_path)
     config["zero_optimization"] = zero
+    if layout.ep > 1:  # AutoEP (runtime/config.py EXPERT_PARALLEL, module_inject/auto_ep_config.py)
+        config["expert_parallel"] = {"enabled": True, "autoep_size": layout.ep}
     if layout.recompute == "full":
         config["activation_checkpointing"] = {
             "partition_activations": False, "contiguous_memory_optimization": False,

@@ -111,6 +111,9 @@ RULES: tuple[EngineRule, ...] = (
                or (l.offload_params == "cpu") != (l.offload_optimizer == "cpu"),
                "FSDP offloads parameters and optimizer together, to CPU only",
                f"{_ACCEL} FullyShardedDataParallelPlugin cpu_offload (FSDP2 CPUOffloadPolicy)"),
+    EngineRule("accelerate", lambda m, l, p: l.ep > 1,
+               "has no expert parallelism (ParallelismConfig: dp_replicate, dp_shard, tp, cp only)",
+               f"{_ACCEL} accelerate/parallelism_config.py ParallelismConfig fields"),
     EngineRule("accelerate", lambda m, l, p: l.recompute not in ("none", "full") or bool(l.tempo)
                or l.sequence_parallel,
                "checkpoints whole layers (fsdp_activation_checkpointing); no selective recompute, "

@@ -7,6 +7,8 @@ layout: {tp: 8, pp: 8, dp: 8, zero_stage: 1, micro_batch: 1, recompute: full}
 setup: {seq_len: 2048, global_batch: 1536, train_tokens: 300e9, precision: zero-fp16, optimizer: adam}
 ```
 `layout.grad_accum` may be left out: it is global_batch / (micro_batch * dp) when that divides.
+MoE runs add `layout.ep` (expert parallelism) and, in `setup`, `moe_capacity_factor` /
+`moe_load_imbalance` (docs/moe.md).
 Relative paths are taken from the job file's folder. Errors name the job file and the field.
 """
 
@@ -59,6 +61,10 @@ class SetupSection(Frozen):
     """TrainSetup.implementation: the code that runs the blocks."""
     host_accounting: Literal["deepspeed", "zero-infinity-paper"] = "deepspeed"
     """TrainSetup.host_accounting: where offloaded states live."""
+    moe_capacity_factor: float | None = Field(default=None, gt=0, le=1000)
+    """TrainSetup.moe_capacity_factor: MoE expert capacity (None: dropless)."""
+    moe_load_imbalance: float = Field(default=1.0, ge=1.0, le=1000)
+    """TrainSetup.moe_load_imbalance: the busiest ep rank's factor on the average tokens."""
 
 
 class JobFile(Frozen):
@@ -85,6 +91,7 @@ def make_setup(
     seq_len: int, global_batch: int, train_tokens: float | str, precision: str = DEFAULT_PRECISION,
     optimizer: str = DEFAULT_OPTIMIZER, reserve_gib: float | None = None,
     implementation: str | None = None, host_accounting: str | None = None,
+    moe_capacity_factor: float | None = None, moe_load_imbalance: float | None = None,
 ) -> TrainSetup:
     """A TrainSetup from plain values and recipe names (used by the job file and the CLI flags)."""
     section = validate_spec(
@@ -92,12 +99,16 @@ def make_setup(
                        "train_tokens": train_tokens, "precision": precision,
                        "optimizer": optimizer, "reserve_gib": reserve_gib,
                        "implementation": implementation or "megatron",
-                       "host_accounting": host_accounting or "deepspeed"})
+                       "host_accounting": host_accounting or "deepspeed",
+                       "moe_capacity_factor": moe_capacity_factor,
+                       "moe_load_imbalance": 1.0 if moe_load_imbalance is None else moe_load_imbalance})
     return TrainSetup(
         seq_len=section.seq_len, global_batch=section.global_batch,
         train_tokens=section.train_tokens, precision=get_precision(section.precision),
         optimizer=get_optimizer(section.optimizer), reserve_gib=section.reserve_gib,
         implementation=section.implementation, host_accounting=section.host_accounting,
+        moe_capacity_factor=section.moe_capacity_factor,
+        moe_load_imbalance=section.moe_load_imbalance,
     )
 
 

@@ -295,9 +295,14 @@ def _unsupported(args: Args) -> None:
     """Axes and features the Layout has no field for."""
     if args.get("--optimizer-cpu-offload"):
         raise PlanInputError("--optimizer-cpu-offload", "Megatron's optimizer CPU offload is not modelled")
-    for flag in ("--context-parallel-size", "--expert-model-parallel-size"):
+    for flag in ("--context-parallel-size",):
         if _int(args, flag, 1) > 1:
             raise PlanInputError(flag, f"{args[flag]}: only 1 is modelled (the layout has no such axis)")
+    tp = _int(args, "--tensor-model-parallel-size", 1)
+    if "--expert-tensor-parallel-size" in args and _int(args, "--expert-tensor-parallel-size") != tp:
+        raise PlanInputError("--expert-tensor-parallel-size", (
+            f"{args['--expert-tensor-parallel-size']}: only the default (= --tensor-model-parallel-"
+            f"size {tp}) is modelled; expert weights are split by tp (docs/moe.md)"))
 
 
 def _uneven_stages(args: Args) -> dict[str, int | None]:
@@ -366,7 +371,8 @@ def job_from_megatron(launcher: Args, args: Args, num_gpus: int | None, name: st
     flash = bool(args.get("--use-flash-attn")) or args.get("--attention-backend") in ("flash", "fused")
     try:
         layout = Layout(
-            tp=tp, pp=pp, dp=dp, virtual_stages=virtual, **_uneven_stages(args),
+            tp=tp, pp=pp, dp=dp, ep=_int(args, "--expert-model-parallel-size", 1),
+            virtual_stages=virtual, **_uneven_stages(args),
             zero_stage=1 if args.get("--use-distributed-optimizer") else 0,
             sequence_parallel=bool(args.get("--sequence-parallel")) and tp > 1,  # off at tp=1
             flash_attention=flash, micro_batch=micro, grad_accum=batch // (micro * dp),
@@ -453,6 +459,7 @@ def _model_flags(model: ModelSpec) -> list[str]:
 
 def _layout_flags(model: ModelSpec, layout: Layout) -> list[str]:
     flags = ["--tensor-model-parallel-size", str(layout.tp), "--pipeline-model-parallel-size", str(layout.pp)]
+    flags += ["--expert-model-parallel-size", str(layout.ep)] if layout.ep > 1 else []
     uneven = layout.first_stage_layers is not None or layout.last_stage_layers is not None
     if layout.virtual_stages > 1 and uneven:  # arguments.py: uneven stages take this flag only
         flags += ["--num-virtual-stages-per-pipeline-rank", str(layout.virtual_stages)]
@@ -484,8 +491,17 @@ def megatron_flags(model: ModelSpec, layout: Layout, setup: TrainSetup) -> list[
            "--seq-length", str(setup.seq_len),
            "--train-samples", str(math.ceil(setup.train_tokens / setup.seq_len)),
            "--optimizer", "sgd" if setup.optimizer.name == "sgd-momentum" else "adam"]
-        + _PRECISION_FLAGS[setup.precision.name]
+        + _PRECISION_FLAGS[setup.precision.name] + _capacity_flags(model, setup)
     )
+
+
+def _capacity_flags(model: ModelSpec, setup: TrainSetup) -> list[str]:
+    """An MoE capacity factor as Megatron's padded capacity (planner.timing.expert); none:
+    dropless, Megatron's default."""
+    if not model.is_moe or setup.moe_capacity_factor is None:
+        return []
+    return ["--moe-expert-capacity-factor", f"{setup.moe_capacity_factor:g}",
+            "--moe-pad-expert-input-to-capacity"]
 
 
 def megatron_launch(cluster: Cluster, model: ModelSpec, layout: Layout, setup: TrainSetup,

@@ -127,11 +127,12 @@ def _mlp_inner(prefix: str, model: ModelSpec, tokens: int, width: int, e: int) -
 
 
 def mlp_saved_bytes(model: ModelSpec, layout: Layout, seq_len: int, micro_batch: int,
-                    activation_bytes: int) -> dict[str, int]:
+                    activation_bytes: int, moe: bool | None = None) -> dict[str, int]:
     """MLP sub-layer, one tp rank (Korthikanti §4.1 "MLP": 19sbh at f = 4h with GELU).
 
     fc1 input 2sbh (not split without SP), the inner tensors split by t, residual dropout mask sbh.
-    MoE (every layer): the router keeps the fc1 input and its fp32 softmax output (s·b·E);
+    MoE block (`moe`; None: every block of an MoE model; a dense block of an MoE model keeps
+    the MLP of `ffn_hidden_size`): the router keeps the fc1 input and its fp32 softmax output (s·b·E);
     each token is dispatched to k experts (k·s·b copies, no capacity drop), each expert keeps its
     inner tensors, and the weighted sum keeps the k expert outputs and the k routing weights.
     """
@@ -139,7 +140,7 @@ def mlp_saved_bytes(model: ModelSpec, layout: Layout, seq_len: int, micro_batch:
     h = model.hidden_size
     rep = replicated_tokens(layout, s) * b
     out = {"mlp.fc1_input": rep * h * e}
-    if not model.is_moe:
+    if not (model.is_moe if moe is None else moe):
         out |= _mlp_inner("mlp", model, s * b, model.ffn_hidden_size // t, e)
     else:
         k = model.experts_per_token
@@ -208,14 +209,15 @@ def apply_tempo(model: ModelSpec, layout: Layout, inventory: dict[str, int],
 
 
 def layer_saved_bytes(model: ModelSpec, layout: Layout, seq_len: int, micro_batch: int,
-                      activation_bytes: int, fp8_scaling: fp8.Fp8Scaling | None = None
-                      ) -> dict[str, int]:
+                      activation_bytes: int, fp8_scaling: fp8.Fp8Scaling | None = None,
+                      moe: bool | None = None) -> dict[str, int]:
     """What one block saves for backward: one micro-batch, one GPU, before recompute.
 
     GPT block at f = 4h, fp16, t = 1: 34sbh + 5as²b + the norm statistics (seed 004 §2.2.3;
     Korthikanti §4.1). Tensor parallel t without SP: 10sbh stay whole, the rest is split by t;
     with SP everything is split by t (Korthikanti §4.2). Tempo edits applied (seed 003).
     `fp8_scaling` (an FP8 recipe's): the linears' saved inputs in fp8 (`fp8.fp8_inventory`).
+    `moe`: the MoE or the dense block of a model with both (None: MoE when it has experts).
     """
     for field, value in (("seq_len", seq_len), ("micro_batch", micro_batch),
                          ("activation_bytes", activation_bytes)):
@@ -228,7 +230,7 @@ def layer_saved_bytes(model: ModelSpec, layout: Layout, seq_len: int, micro_batc
         _norm("norm1", model, rep, e)
         | attention_saved_bytes(model, layout, seq_len, micro_batch, e)
         | _norm("norm2", model, rep, e)
-        | mlp_saved_bytes(model, layout, seq_len, micro_batch, e)
+        | mlp_saved_bytes(model, layout, seq_len, micro_batch, e, moe)
     )
     if fp8_scaling is not None:
         inventory = fp8.fp8_inventory(model, layout, inventory, e, fp8_scaling)
@@ -243,7 +245,8 @@ def layer_input_bytes(model: ModelSpec, layout: Layout, seq_len: int, micro_batc
 
 
 def layer_activation_bytes(model: ModelSpec, layout: Layout, seq_len: int, micro_batch: int,
-                           activation_bytes: int, fp8_scaling: fp8.Fp8Scaling | None = None) -> int:
+                           activation_bytes: int, fp8_scaling: fp8.Fp8Scaling | None = None,
+                           moe: bool | None = None) -> int:
     """What one block keeps for backward under `layout.recompute`, one micro-batch, one GPU.
 
     none: the inventory. selective: the inventory without the attention core (Korthikanti §5:
@@ -253,7 +256,8 @@ def layer_activation_bytes(model: ModelSpec, layout: Layout, seq_len: int, micro
     """
     if layout.recompute in ("full", "every_k"):
         return layer_input_bytes(model, layout, seq_len, micro_batch, activation_bytes)
-    inventory = layer_saved_bytes(model, layout, seq_len, micro_batch, activation_bytes, fp8_scaling)
+    inventory = layer_saved_bytes(model, layout, seq_len, micro_batch, activation_bytes, fp8_scaling,
+                                  moe)
     if layout.recompute == "selective":
         return sum(selective_kept_bytes(model, layout, seq_len, micro_batch, activation_bytes,
                                         inventory).values())
@@ -285,15 +289,42 @@ def layers_kept_bytes(model: ModelSpec, layout: Layout, seq_len: int, micro_batc
     return num_layers * one
 
 
+def mixed_chunk_bytes(model: ModelSpec, layout: Layout, seq_len: int, micro_batch: int,
+                      activation_bytes: int, num_layers: int, moe_layers: int,
+                      fp8_scaling: fp8.Fp8Scaling | None = None) -> int:
+    """`layers_kept_bytes` of a chunk of `num_layers` blocks of which `moe_layers` are MoE
+    blocks (DeepSeek-V3's dense first blocks, Llama 4 / Qwen2-MoE alternation): each block
+    keeps its own kind's activations. every_k and models of one kind: `layers_kept_bytes`."""
+    if layout.recompute == "every_k" or len(params.block_kinds(model)) == 1:
+        return layers_kept_bytes(model, layout, seq_len, micro_batch, activation_bytes, num_layers,
+                                 fp8_scaling)
+    args = (model, layout, seq_len, micro_batch, activation_bytes, fp8_scaling)
+    return (moe_layers * layer_activation_bytes(*args, moe=True)
+            + (num_layers - moe_layers) * layer_activation_bytes(*args, moe=False))
+
+
+def largest_inventory(model: ModelSpec, layout: Layout, seq_len: int, micro_batch: int,
+                      activation_bytes: int, fp8_scaling: fp8.Fp8Scaling | None = None
+                      ) -> dict[str, int]:
+    """The larger block inventory of the kinds the model has (dense and / or MoE blocks)."""
+    kinds = sorted(params.block_kinds(model), reverse=True)  # MoE first on ties
+    inventories = [layer_saved_bytes(model, layout, seq_len, micro_batch, activation_bytes,
+                                     fp8_scaling, kind)
+                   for kind in kinds]
+    return max(inventories, key=lambda inv: sum(inv.values()))
+
+
 def recompute_working_bytes(model: ModelSpec, layout: Layout, seq_len: int, micro_batch: int,
                             activation_bytes: int, num_layers: int,
                             fp8_scaling: fp8.Fp8Scaling | None = None) -> int:
     """Re-materialised during backward on top of what is kept (ZeRO-Infinity's AWM, seed 000
     eq.4): full = one block's whole inventory, every_k = one segment of min(k, n) blocks,
-    selective = one block's attention core plus K, V repeated to the query heads, none = 0."""
+    selective = one block's attention core plus K, V repeated to the query heads, none = 0.
+    A model with dense and MoE blocks: the larger block (an upper bound for a stage of only
+    the smaller kind)."""
     if layout.recompute == "none" or num_layers == 0:
         return 0
-    inventory = layer_saved_bytes(model, layout, seq_len, micro_batch, activation_bytes, fp8_scaling)
+    inventory = largest_inventory(model, layout, seq_len, micro_batch, activation_bytes, fp8_scaling)
     if layout.recompute == "selective":  # the core, plus K and V repeated to the query heads
         kept = selective_kept_bytes(model, layout, seq_len, micro_batch, activation_bytes, inventory)
         return sum(inventory.values()) - sum(kept.values())
@@ -458,7 +489,8 @@ def stage_activations(model: ModelSpec, layout: Layout, setup: TrainSetup,
     in-flight chunks come from Megatron's schedule; the first stage holds
     (pv + p - 1) chunks = L/p·(1 + (p - 1)/(pv)) layers of micro-batches, Korthikanti §4.2.3's
     factor (Narayanan et al. 2021 §2.2.2). Embedding extras ride with chunk 0 of stage 1, head
-    extras with chunk v-1 of stage p.
+    extras with chunk v-1 of stage p. Models mixing dense and MoE blocks: every chunk of a stage
+    is charged as the stage's heaviest chunk (`chunk_moe_layers`; exact for v = 1).
     """
     p, v, m = layout.pp, layout.virtual_stages, layout.grad_accum
     if setup.implementation != "megatron":
@@ -466,13 +498,15 @@ def stage_activations(model: ModelSpec, layout: Layout, setup: TrainSetup,
     if len(layers_per_stage) != p:
         raise PlanInputError("layers_per_stage", f"{len(layers_per_stage)} stages given for pp={p}")
     s, b, e = setup.seq_len, layout.micro_batch, setup.precision.activation_bytes
+    moe_chunks = chunk_moe_layers(model, layers_per_stage, v)
     result = []
     for stage, n in enumerate(layers_per_stage, start=1):
         if n % v:
             raise PlanInputError("virtual_stages", f"virtual_stages={v} must divide the {n} "
                                  f"layers of pipeline stage {stage}")
         first, last = _stage_extras(model, layout, setup, stage)
-        chunk = layers_kept_bytes(model, layout, s, b, e, n // v, setup.precision.fp8_scaling)
+        chunk = max(mixed_chunk_bytes(model, layout, s, b, e, n // v, k, setup.precision.fp8_scaling)
+                    for k in moe_chunks[stage - 1])
         chunk_bytes = [chunk] * v
         chunk_bytes[0] += sum(first.values())
         chunk_bytes[-1] += sum(last.values())
@@ -489,6 +523,23 @@ def stage_activations(model: ModelSpec, layout: Layout, setup: TrainSetup,
             extras=first | last, recompute_working_bytes=working, total_bytes=kept + working,
         ))
     return result
+
+
+def chunk_moe_layers(model: ModelSpec, layers_per_stage: list[int], v: int) -> list[list[int]]:
+    """MoE blocks in each model chunk of each pipeline stage. v = 1: the stage's contiguous
+    blocks. Interleaved with even stages: Megatron's assignment, chunk c of rank i holds blocks
+    [(c·p + i)·n, (c·p + i + 1)·n) with n = L / (p·v) (megatron/core/transformer/
+    transformer_layer.py get_transformer_layer_offset, commit d98e8a64); uneven stages with
+    v > 1: the stage's blocks cut into v contiguous runs (an approximation)."""
+    p, out, start = len(layers_per_stage), [], 0
+    even = len(set(layers_per_stage)) == 1
+    for i, n in enumerate(layers_per_stage):
+        size = n // v
+        starts = ([(c * p + i) * size for c in range(v)] if even and v > 1
+                  else [start + c * size for c in range(v)])
+        out.append([sum(model.layer_is_moe(j) for j in range(a, a + size)) for a in starts])
+        start += n
+    return out
 
 
 def hf_stage_activations(model: ModelSpec, layout: Layout, setup: TrainSetup,

@@ -9,7 +9,7 @@ the same column functions the sweep evaluates), activations and recompute workin
 
 from __future__ import annotations
 
-from planner.memory import activations, model_states
+from planner.memory import activations, experts, model_states
 from planner.core import params
 from planner.core import rules
 from planner.core.columns import LayoutColumns
@@ -25,7 +25,8 @@ class StageMemory(Frozen):
     """Pipeline stage, 1-based."""
     num_layers: int
     num_params: int
-    """Parameters held by one GPU of this stage before ZeRO partitioning (its tp/pp shard)."""
+    """Parameters held by one GPU of this stage before ZeRO partitioning (its tp/pp shard, the
+    routed experts divided by ep)."""
     params_bytes: int
     grads_bytes: int
     optimizer_bytes: int
@@ -94,11 +95,14 @@ def plan_memory(model: ModelSpec, cluster: Cluster, layout: Layout, setup: Train
     )
     reserve = gpu_reserve(cluster, layout, setup)
     capacity = cluster.gpu.memory_bytes - sum(reserve.values())
+    routed = experts.stage_routed_params(model, layout.tp, layout.pp, layout.first_stage_layers,
+                                         layout.last_stage_layers)
     stages: list[StageMemory] = []
     host: list[tuple[int, int]] = []  # (cpu_bytes, nvme_bytes) per GPU of each stage
     for index, (sp, act) in enumerate(zip(stage_params, stage_acts, strict=True)):
-        states = model_states.model_state_bytes(sp.total, setup.precision, setup.optimizer, layout,
-                                                 setup.host_accounting)
+        states = experts.model_state_bytes(sp.total, routed[index], setup.precision,
+                                           setup.optimizer, layout, setup.host_accounting)
+        sp = sp.model_copy(update={"total": experts.params_per_gpu(sp.total, routed[index], layout.ep)})
         buffers = model_states.buffer_bytes(model, layout, setup.precision, sp)
         working = {"recompute_segment": act.recompute_working_bytes} if act.recompute_working_bytes else {}
         kept = act.total_bytes - act.recompute_working_bytes

@@ -32,7 +32,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from planner.memory import activations, implementations, model_states, plan
+from planner.memory import activations, experts, implementations, model_states, plan
 from planner.memory.reserve import reserve_column
 from planner.core import params
 from planner.timing import steptime
@@ -55,6 +55,9 @@ class Constraints(Frozen):
     tp: tuple[int, ...] | None = None
     pp: tuple[int, ...] | None = None
     dp: tuple[int, ...] | None = None
+    ep: tuple[int, ...] | None = None
+    """Expert-parallel degrees to search (MoE models); None: every divisor of the routed
+    experts that divides dp. Dense models search ep = 1 only."""
     virtual_stages: tuple[int, ...] | None = None
     zero_stage: tuple[int, ...] | None = None
     offload_optimizer: tuple[OffloadTarget, ...] | None = None
@@ -110,12 +113,21 @@ def uneven_split(num_layers: int, pp: int) -> tuple[int, int] | None:
     return (rest // 2, rest - rest // 2) if rest >= 2 else None
 
 
+def ep_options(model: ModelSpec, dp: int, c: Constraints) -> list[int]:
+    """Expert-parallel degrees for one dp: divisors of the routed experts that divide dp
+    (Megatron's group arithmetic, planner.core.rules), or the pinned ones; [1] for dense models."""
+    if not model.is_moe:
+        return [1] if _allowed(1, c.ep) else []
+    return [e for e in _divisors(model.num_experts) if dp % e == 0 and _allowed(e, c.ep)]
+
+
+
 def structures(model: ModelSpec, cluster: Cluster, setup: TrainSetup,
-               c: Constraints) -> list[tuple[int, int, int, int, int, int]]:
-    """Every (tp, pp, dp, v, first, last) the constraints allow, tp dividing the GPUs and the
+               c: Constraints) -> list[tuple[int, int, int, int, int, int, int]]:
+    """Every (tp, pp, dp, v, first, last, ep) the constraints allow, tp dividing the GPUs and the
     rule table's tp rule, dp = GPUs / (tp·pp) dividing the global batch; pp dividing the layers
     (even stages, first = last = 0) or Megatron's uneven split (`uneven_split`); v dividing
-    every stage's layers. The rule table checks them again (`enumerate`)."""
+    every stage's layers; ep from `ep_options`. The rule table checks them again (`enumerate`)."""
     n, node = cluster.num_gpus, cluster.node.gpus_per_node
     tps = [t for t in _divisors(n) if _allowed(t, c.tp) and t <= (c.max_tp or n)
            and (t <= node or c.allow_cross_node_tp)]
@@ -134,7 +146,7 @@ def structures(model: ModelSpec, cluster: Cluster, setup: TrainSetup,
                 else model.num_layers // pp
             for v in _divisors(stage) if pp > 1 else [1]:
                 if _allowed(v, c.virtual_stages) and v <= (c.max_virtual_stages or v):
-                    out.append((tp, pp, dp, v, first, last))
+                    out.extend((tp, pp, dp, v, first, last, ep) for ep in ep_options(model, dp, c))
     return out
 
 
@@ -175,7 +187,7 @@ def enumerate_layouts(model: ModelSpec, cluster: Cluster, setup: TrainSetup,
     needs tp > 1 dividing seq_len). One search rule on top: ZeRO over one dp rank is DDP unless
     it offloads, so it is not enumerated twice."""
     ctx = rules.Context(model, cluster, setup)
-    struct = _ints(structures(model, cluster, setup, c)).reshape(-1, 6)
+    struct = _ints(structures(model, cluster, setup, c)).reshape(-1, 7)
     micro = _ints(micro_batch_options(setup, c))
     s_idx, b_idx = (a.ravel() for a in np.indices((len(struct), len(micro)), dtype=np.int64))
     dp_s, b_s = struct[s_idx, 2], micro[b_idx]
@@ -183,7 +195,7 @@ def enumerate_layouts(model: ModelSpec, cluster: Cluster, setup: TrainSetup,
                                virtual_stages=struct[s_idx, 3], micro_batch=b_s,
                                grad_accum=setup.global_batch // (dp_s * b_s),
                                first_stage_layers=struct[s_idx, 4],
-                               last_stage_layers=struct[s_idx, 5]))
+                               last_stage_layers=struct[s_idx, 5], ep=struct[s_idx, 6]))
     ok, rejected = rules.mask(ctx, pairs)
     pairs = pairs.take(ok)
     states, state_rejected = state_options(model, cluster, setup, c)
@@ -200,6 +212,12 @@ def enumerate_layouts(model: ModelSpec, cluster: Cluster, setup: TrainSetup,
     rejected |= sp_rejected
     sp_ok = sp_ok.reshape(len(pairs), len(seq_par))
     zero_ok = (pairs["dp"] > 1)[:, None] | (states[:, 0] == 0) | (states[:, 1] > 0) | (states[:, 2] > 0)
+    ep_cols = LayoutColumns(dict(ep=np.repeat(pairs["ep"], len(states)),
+                                 zero_stage=np.tile(states[:, 0], len(pairs)),
+                                 dp_engine=np.tile(states[:, 3], len(pairs))))
+    ep_ok, ep_rejected = rules.mask(ctx, ep_cols, rules.RULES)  # ep x ZeRO stage / engine
+    rejected |= ep_rejected
+    zero_ok = zero_ok & ep_ok.reshape(len(pairs), len(states))
     shape = (len(pairs), len(states), len(recompute), len(seq_par))
     keep = np.broadcast_to(zero_ok[:, :, None, None] & sp_ok[:, None, None, :], shape)
     pair, state, r, s = np.nonzero(keep)  # in C order: the enumeration order
@@ -233,24 +251,50 @@ _representatives = representatives
 @functools.lru_cache(maxsize=4096)
 def stage_table(model: ModelSpec, tp: int, pp: int,
                 threshold: int = model_states.DEFAULT_BUFFERS.param_persistence_threshold,
-                first: int = 0, last: int = 0) -> dict[str, tuple[int, int, int]]:
-    """Scalar facts of the first, a middle and the last stage (params, model_states): parameters
-    per GPU, largest tensor, ZeRO-3 persistent elements, layers; a middle stage exists when
-    pp >= 3. `first` / `last`: uneven stage layers (0 = the even split)."""
+                first: int = 0, last: int = 0, ep: int = 1) -> dict[str, tuple[int, int, int]]:
+    """Scalar facts of the first, a middle (stage 2) and the last stage (params, model_states):
+    parameters per tp rank at ep = 1 and the routed experts among them (memory.experts), largest
+    tensor, ZeRO-3 persistent elements, layers; `max_params` per GPU with the routed experts /
+    ep. A middle stage exists when pp >= 3. `first` / `last`: uneven stage layers (0 = the even
+    split)."""
     stages = params.stage_params(model, tp, pp, first=first or None, last=last or None)
-    kinds = (stages[0], stages[1] if pp >= 3 else stages[0], stages[-1])
+    routed = experts.stage_routed_params(model, tp, pp, first or None, last or None)
+    kinds = (stages[0], *middle_kinds(model, stages), stages[-1])
     distinct = {s.stage: s for s in kinds}  # pp = 1 and 2 repeat a stage
     largest = {i: params.largest_param_numel(model, tp, i, pp) for i in distinct}
     persistent = {i: model_states.zero3_persistent_numel(model, tp, s, pp, threshold)
                   for i, s in distinct.items()}
+    per_gpu = [experts.params_per_gpu(s.total, x, ep) for s, x in zip(stages, routed)]
     return {
         "params": tuple(s.total for s in kinds),
+        "routed": tuple(routed[s.stage] for s in kinds),
         "largest": tuple(largest[s.stage] for s in kinds),
         "persistent": tuple(persistent[s.stage] for s in kinds),
-        "max_layers": (max(s.num_layers for s in stages),) * 3,
-        "max_params": (max(s.total for s in stages),) * 3,
+        "max_layers": (max(s.num_layers for s in stages),) * 4,
+        "max_params": (max(per_gpu),) * 4,
         "layers": tuple(s.num_layers for s in kinds),
+        "stage": tuple(s.stage + 1 for s in kinds),
     }
+
+
+def middle_kinds(model: ModelSpec, stages: list) -> tuple:
+    """The two middle stages that can hold a pipeline's peak (the first stage again when
+    pp < 3): stage 2, which keeps the most micro-batches in flight of the middle stages, and the
+    first middle stage with the most MoE blocks (models mixing dense and MoE blocks, e.g.
+    DeepSeek-V3's dense first blocks: a later all-MoE stage can outweigh stage 2 although it
+    keeps one micro-batch fewer). Middle stages of equal make-up are dominated by the first of
+    them (the same bytes, more in flight). Stages of mixed make-up between the two are
+    approximated by them."""
+    if len(stages) < 3:
+        return stages[0], stages[0]
+    middle = stages[1:-1]
+    start = sum(s.num_layers for s in stages[:1])
+    moe_counts, at = [], start
+    for s in middle:
+        moe_counts.append(sum(model.layer_is_moe(i) for i in range(at, at + s.num_layers)))
+        at += s.num_layers
+    heaviest = middle[moe_counts.index(max(moe_counts))]
+    return middle[0], heaviest
 
 
 @functools.lru_cache(maxsize=4096)
@@ -285,24 +329,29 @@ def hf_activation_column(model: ModelSpec, setup: TrainSetup, rec, b) -> np.ndar
 
 
 def activation_table(model: ModelSpec, setup: TrainSetup, tp: int, rec: int, sp: bool,
-                     flash: bool, micro_batch: int = 1) -> tuple[int, int, int, int]:
-    """(one block kept, first extras, last extras, recompute working) bytes at micro_batch = 1
-    from the activations module. Every entry is linear in the micro-batch (b multiplies each
+                     flash: bool, micro_batch: int = 1) -> tuple[int, int, int, int, int]:
+    """(one block kept, one dense block kept, first extras, last extras, recompute working)
+    bytes at micro_batch = 1 from the activations module (the dense block differs from the
+    first for models mixing dense and MoE blocks; `chunk_bytes` combines them). Every entry is
+    linear in the micro-batch (b multiplies each
     product) and a chunk of n blocks keeps n x one block (`layers_kept_bytes` without every_k).
     hf-* (transformers' modules, not linear in b): `hf_activation_column` replaces this table's
     figures in `evaluate`; the b = 1 figures here serve the step-time side only. FP8 recipes:
     a saved fp8 input's scales do not grow with b, so `evaluate` asks for each micro-batch."""
     if setup.implementation != "megatron":  # tp = pp = 1 (rule table); per micro-batch at b = 1
         if tp != 1 or RECOMPUTE_MODES[rec] not in ("none", "full"):
-            return (0, 0, 0, 0)  # masked by the rule table
+            return (0, 0, 0, 0, 0)  # masked by the rule table
         block, outside, working = implementations.hf_activation_bytes(
             model, setup, RECOMPUTE_MODES[rec], 1)
-        return block, outside, 0, working
+        return block, block, outside, 0, working
     lay = Layout(tp=tp, recompute=RECOMPUTE_MODES[rec], sequence_parallel=sp, flash_attention=flash)
     s, b, e = setup.seq_len, micro_batch, setup.precision.activation_bytes
     f8 = setup.precision.fp8_scaling
+    mixed = len(params.block_kinds(model)) == 2
     return (
         activations.layers_kept_bytes(model, lay, s, b, e, 1, f8),
+        activations.layer_activation_bytes(model, lay, s, b, e, f8, moe=False) if mixed
+        else activations.layers_kept_bytes(model, lay, s, b, e, 1, f8),
         sum(activations.first_stage_extra_bytes(model, lay, s, b, e).values()),
         sum(activations.last_stage_extra_bytes(model, lay, s, b, e).values()),
         activations.recompute_working_bytes(model, lay, s, b, e, 1, f8),
@@ -328,11 +377,39 @@ def state_bytes(P, dp, zero, opt, par, m, setup: TrainSetup):
     return tuple(model_states.parts_total(p, like) for p in parts[:3])
 
 
+@functools.lru_cache(maxsize=4096)
+def chunk_moe_range(model: ModelSpec, pp: int, v: int, first: int, last: int,
+                    stages: tuple[int, ...]) -> tuple[int, ...]:
+    """(fewest, most) MoE blocks in a model chunk of each of `stages` (1-based;
+    `activations.chunk_moe_layers`; `first` / `last`: uneven stage layers, 0 = even)."""
+    layers = params.layers_per_stage(model.num_layers, pp, first or None, last or None)
+    counts = activations.chunk_moe_layers(model, layers, v)
+    return tuple(x for k in stages for x in (min(counts[k - 1]), max(counts[k - 1])))
+
+
+def chunk_bytes(model: ModelSpec, pp, vs, first_l, last_l, layers, stage, block, dense):
+    """Kept bytes of the heaviest model chunk of each stage kind (`stage_table`'s first, two
+    middle, last) at b = 1 (`activations.stage_activations`): n = stage layers / v blocks, k of
+    them MoE blocks (`block`), the others dense (`dense`); the heaviest chunk has the fewest or
+    the most MoE blocks. `layers`, `stage`: each row's stage kinds' layers and stage numbers."""
+    kinds = layers.shape[1]
+    n = [layers[:, k] // vs for k in range(kinds)]  # blocks per model chunk of each stage kind
+    if len(params.block_kinds(model)) == 1:
+        return tuple(block * n_k for n_k in n)
+    keys, inv = _group(pp, vs, first_l, last_l, *(stage[:, k] for k in range(kinds)))
+    ranges = np.array([chunk_moe_range(model, p, v, f, la, tuple(st))
+                       for p, v, f, la, *st in keys.tolist()],
+                      dtype=np.float64).reshape(-1, 2 * kinds)[inv]
+    extra = block - dense  # one MoE block instead of a dense one
+    return tuple(n[k] * dense + np.maximum(ranges[:, 2 * k] * extra, ranges[:, 2 * k + 1] * extra)
+                 for k in range(kinds))
+
+
 def kept_activation_bytes_b1(cands: dict[str, np.ndarray], chunk, first, last, chunk_last=None):
     """Peak kept activations of the first and last stage at micro_batch 1
     (`activations.stage_activations`): 1F1B holds min(p, m) micro-batches on stage 1 and one on
-    stage p; interleaved stages take the replay's largest chunk-weighted state. `chunk` is the
-    first stage's model chunk, `chunk_last` the last stage's (uneven stages; default: equal)."""
+    stage p; interleaved stages take the replay's largest chunk-weighted state. `chunk`: one
+    model chunk's bytes on the first stage; `chunk_last` on the last (None: the same)."""
     pp, vs, m = cands["pp"], cands["virtual_stages"], cands["grad_accum"]
     chunk_last = chunk if chunk_last is None else chunk_last
     single = pp == 1  # one stage carries the embedding and the head
@@ -345,28 +422,29 @@ def kept_activation_bytes_b1(cands: dict[str, np.ndarray], chunk, first, last, c
         cap = (2 * (p_i - 1) + (v_i - 1) * p_i + 2 * p_i * v_i) // v_i + 2
         keys, inv = _group(p_i, v_i, np.minimum(m[inter], cap))  # one replay per (p, v, m)
         p, v, m_eff = keys.T
-        sides = ((f, chunk[inter], first[inter], 0, 0),  # rank, the chunk with its extras
-                 (lst, chunk_last[inter], last[inter], p - 1, v - 1))
-        for out, c, extra, rank, weighted in sides:  # with extras: embedding 0, head v - 1
+        sides = ((f, chunk[inter], first[inter], 0, 0),  # rank, its chunk with extras:
+                 (lst, chunk_last[inter], last[inter], p - 1, v - 1))  # embedding 0, head v - 1
+        for out, c, extra, rank, weighted in sides:
             fronts = interleaved_fronts(p, rank, v, m_eff, weighted)  # (replays, 2 pairs, 2)
             out[inter] = np.maximum(c * fronts[inv, 0, 0] + extra * fronts[inv, 0, 1],
                                     c * fronts[inv, 1, 0] + extra * fronts[inv, 1, 1])
     return f, lst
 
 
-def kept_middle_bytes_b1(cands: dict[str, np.ndarray], chunk) -> np.ndarray:
-    """Peak kept activations of stage 2 (the first middle stage, no extras) at micro_batch 1:
-    under uneven stages it holds more layers than stage 1 with one micro-batch fewer in flight,
-    so it can be the peak (`activations.stage_activations`); 0 where pp < 3."""
+def kept_middle_bytes_b1(cands: dict[str, np.ndarray], chunk, stage) -> np.ndarray:
+    """Peak kept activations of a middle stage (no extras; `stage` per row, 1-based) at
+    micro_batch 1: under uneven stages stage 2 holds more layers than stage 1 with one
+    micro-batch fewer in flight, and a later all-MoE stage can outweigh both, so either can be
+    the peak (`activations.stage_activations`); 0 where pp < 3."""
     pp, vs, m = cands["pp"], cands["virtual_stages"], cands["grad_accum"]
-    out = np.where(pp >= 3, activations.in_flight_1f1b(pp, 2, m) * chunk, 0.0)
+    out = np.where(pp >= 3, activations.in_flight_1f1b(pp, stage, m) * chunk, 0.0)
     inter = np.nonzero((vs > 1) & (pp >= 3))[0]
     if inter.size:
         p_i, v_i = pp[inter], vs[inter]
         cap = (2 * (p_i - 1) + (v_i - 1) * p_i + 2 * p_i * v_i) // v_i + 2
-        keys, inv = _group(p_i, v_i, np.minimum(m[inter], cap))
-        p, v, m_eff = keys.T
-        fronts = interleaved_fronts(p, 1, v, m_eff, 0)
+        keys, inv = _group(p_i, v_i, np.minimum(m[inter], cap), stage[inter])
+        p, v, m_eff, st = keys.T
+        fronts = interleaved_fronts(p, st - 1, v, m_eff, 0)
         out[inter] = chunk[inter] * np.maximum(fronts[inv, 0, 0], fronts[inv, 1, 0])
     return out
 
@@ -398,10 +476,11 @@ def model_state_columns(cluster: Cluster, setup: TrainSetup, cands: LayoutColumn
     row = tp_pp_inv[rep]  # the (tp, pp) row of each combination
     sub = cands.take(rep)
     gpu, host = [], []
-    for kind in (0, 1, 2):  # first, middle, last stage
-        P = tables["params"][row, kind]
-        states = model_states.state_parts(P, sub, setup.precision, setup.optimizer,
-                                           setup.host_accounting)
+    for kind in (0, 1, 2, 3):  # first, stage 2, the heaviest middle, last stage
+        P, routed = tables["params"][row, kind], tables["routed"][row, kind]
+        states = experts.ep_state_parts(P, routed, sub, setup.precision, setup.optimizer,
+                                        setup.host_accounting)
+        P = experts.params_per_gpu(P, routed, sub["ep"]) if "ep" in sub else P
         buffers_parts = model_states.buffer_parts(
             P, tables["largest"][row, kind], tables["persistent"][row, kind], sub,
             setup.precision, buffers)
@@ -409,13 +488,15 @@ def model_state_columns(cluster: Cluster, setup: TrainSetup, cands: LayoutColumn
                    + model_states.parts_total(buffers_parts, P))
         host.append((model_states.parts_total(states.cpu, P),
                      model_states.parts_total(states.nvme, P)))
-    counts = node_counts(cluster, tp_pp)[row]  # (combinations, node rows, 3 stage kinds)
+    counts = node_counts(cluster, tp_pp[:, :2])[row]  # (combinations, node rows, 3 stage kinds)
+    host = [host[0], tuple(np.maximum(a, b) for a, b in zip(host[1], host[2])), host[3]]
     node_cpu = np.max(sum(counts[:, :, k] * host[k][0][:, None] for k in range(3)), axis=1)
     node_nvme = np.max(sum(counts[:, :, k] * host[k][1][:, None] for k in range(3)), axis=1)
-    return gpu[0][inv], gpu[2][inv], node_cpu[inv], node_nvme[inv], gpu[1][inv]
+    return gpu[0][inv], gpu[3][inv], node_cpu[inv], node_nvme[inv], gpu[1][inv], gpu[2][inv]
 
 
-STAGE_FIELDS = ("params", "largest", "persistent", "max_layers", "max_params", "layers")
+STAGE_FIELDS = ("params", "routed", "largest", "persistent", "max_layers", "max_params", "layers",
+                "stage")
 
 
 def evaluate(model: ModelSpec, cluster: Cluster, setup: TrainSetup, cands: dict[str, np.ndarray],
@@ -425,34 +506,41 @@ def evaluate(model: ModelSpec, cluster: Cluster, setup: TrainSetup, cands: dict[
     tp, pp, vs, rec, sp, b = (cands[k] for k in ("tp", "pp", "virtual_stages", "recompute", "sequence_parallel", "micro_batch"))
     first_l, last_l = (cands[k] if k in cands else np.zeros_like(tp)
                        for k in ("first_stage_layers", "last_stage_layers"))
-    keys, inv = _group(tp, pp, first_l, last_l)
+    ep = cands["ep"] if "ep" in cands else np.ones_like(tp)
+    keys, inv = _group(tp, pp, first_l, last_l, ep)
     threshold = c.buffers.param_persistence_threshold
-    stage = [stage_table(model, t, p, threshold, f, la) for t, p, f, la in keys.tolist()]
-    tables = {name: np.array([s[name] for s in stage], dtype=np.int64).reshape(-1, 3)
-              for name in STAGE_FIELDS}  # (tp, pp) rows x (first, middle, last stage)
+    stage = [stage_table(model, t, p, threshold, f, la, e) for t, p, f, la, e in keys.tolist()]
+    tables = {name: np.array([s[name] for s in stage], dtype=np.int64).reshape(-1, 4)
+              for name in STAGE_FIELDS}  # rows x (first, stage 2, heaviest middle, last stage)
 
     fp8 = setup.precision.fp8_scaling is not None  # fp8 scales: not linear in b, table per b
     per_b = np.where(fp8, 1, b)
     akeys, ainv = _group(tp, rec, sp, b // per_b)
     act = np.array([activation_table(model, setup, t, r, bool(s), c.flash_attention, mb)
-                    for t, r, s, mb in akeys.tolist()], dtype=np.float64).reshape(-1, 4)
-    block, first_x, last_x, working = (act[:, k][ainv] for k in range(4))
-    layers = tables["layers"][inv]  # (first, a middle, last) stage's layers of each row
-    chunk_f, chunk_m, chunk_l = (block * (layers[:, k] // vs) for k in range(3))  # per chunk
+                    for t, r, s, mb in akeys.tolist()], dtype=np.float64).reshape(-1, 5)
+    block, dense, first_x, last_x, working = (act[:, k][ainv] for k in range(5))
+    stage_no = tables["stage"][inv]
+    chunk_f, chunk_m, chunk_h, chunk_l = chunk_bytes(model, pp, vs, first_l, last_l,
+                                                     tables["layers"][inv], stage_no, block, dense)
     kept_f, kept_l = kept_activation_bytes_b1(cands, chunk_f, first_x, last_x, chunk_l)
-    states_first, states_last, node_cpu, node_nvme, states_mid = model_state_columns(
+    states_first, states_last, node_cpu, node_nvme, states_mid, states_heavy = model_state_columns(
         cluster, setup, cands, keys, inv, tables, c.buffers)
     gpu_first = states_first + per_b * (kept_f + working)
     gpu_last = states_last + per_b * (kept_l + working)
-    uneven = (first_l > 0) & (pp >= 3)  # stage 2 can then outgrow stage 1
-    gpu_mid = np.where(uneven, states_mid + per_b * (kept_middle_bytes_b1(cands, chunk_m) + working), 0)
+    mixed = len(params.block_kinds(model)) == 2
+    middle = ((first_l > 0) | mixed) & (pp >= 3)  # a middle stage can then outgrow stage 1
+    gpu_mid, gpu_heavy = (
+        np.where(middle, st + per_b * (kept_middle_bytes_b1(cands, ch, stage_no[:, k]) + working), 0)
+        for st, ch, k in ((states_mid, chunk_m, 1), (states_heavy, chunk_h, 2)))
     if setup.implementation != "megatron":  # not linear in b: exact per (recompute, b)
         gpu_first = gpu_last = states_first + hf_activation_column(model, setup, rec, b)
-    peak = np.maximum(np.maximum(gpu_first, gpu_last), gpu_mid)
+    kinds = np.stack([gpu_first, gpu_mid, gpu_heavy, gpu_last])  # the first maximum wins ties
+    peak = kinds.max(axis=0)
     capacity = cluster.gpu.memory_bytes - reserve_column(
         cluster.gpu, setup.reserve_gib, cands["tp"], cands["pp"], cands["dp"])
-    peak_stage = np.where(gpu_first >= np.maximum(gpu_mid, gpu_last), 1,
-                          np.where(gpu_mid >= gpu_last, 2, pp))
+    peak_stage = np.take_along_axis(
+        np.stack([np.ones_like(pp), stage_no[:, 1], stage_no[:, 2], pp]),
+        kinds.argmax(axis=0)[None], axis=0)[0]
     out = dict(gpu_peak_bytes=peak, peak_stage=peak_stage,
                headroom_bytes=capacity - peak, node_cpu_bytes=node_cpu, node_nvme_bytes=node_nvme)
     out |= steptime.step_columns(model, cluster, setup, cands, tables["max_layers"][inv, 0],

@@ -35,8 +35,9 @@ from planner.core import flops as flops_mod
 from planner.core import params
 from planner.core.columns import RECOMPUTE_MODES, LayoutColumns
 from planner.core.errors import PlanInputError
-from planner.timing import collectives, gemm, interference, sharded_dp
+from planner.timing import collectives, expert, gemm, interference, sharded_dp
 from planner.timing import fp8 as fp8_timing
+from planner.memory import experts
 from planner.memory.fp8 import mfu_peak_dtype
 from planner.memory.model_states import DEFAULT_BUFFERS
 from planner.core.recipes import optimizer_bytes_per_param
@@ -68,9 +69,12 @@ class StepEstimate(Frozen):
     """Host-side Adam step when the optimizer is offloaded."""
     gpu_optimizer_s: float
     """The optimizer step on the GPU (its shard's states, gradients, parameters at HBM bandwidth)."""
+    ep_comm_s: float = 0.0
+    """Expert-parallel dispatch/combine all-to-alls of the slowest stage's MoE layers, on the
+    critical path (planner.timing.expert); 0 without expert parallelism."""
     step_s: float
     """Sum of the exposed terms: compute + recompute + memory-bound + tp + pp + bubble + dp exposed
-    + offload + cpu optimizer + gpu optimizer."""
+    + offload + cpu optimizer + gpu optimizer + ep all-to-all."""
     tokens_per_s: float
     mfu: float
     """Model FLOPs utilisation: forward+backward FLOPs / (step time x GPUs x dense peak); FP8
@@ -404,6 +408,8 @@ class StageWork:
     recompute_efficiency: object = None
     """Matmul efficiency of the recompute FLOPs when it differs from `efficiency` (FP8 recipes:
     planner.timing.fp8); None: `efficiency`."""
+    ep_comm_s: object = 0.0
+    """Expert-parallel all-to-all seconds per step (`expert.ep_comm_s`)."""
 
 
 @dataclass(frozen=True)
@@ -436,9 +442,10 @@ def compute_terms(r: Rates, cols: LayoutColumns, work: StageWork) -> dict:
                                              layers, work.act_bytes, cols["sequence_parallel"],
                                              work.tp_allreduces)
     bubble = bubble_time_s(cols["pp"], m, cols["virtual_stages"],
-                           compute + recompute + memory + tp_comm, work.fill_stages)
+                           compute + recompute + memory + tp_comm + work.ep_comm_s,
+                           work.fill_stages)
     return dict(compute_s=compute, recompute_s=recompute, memory_bound_s=memory,
-                tp_comm_s=tp_comm, pp_comm_s=pp_comm, bubble_s=bubble,
+                tp_comm_s=tp_comm, pp_comm_s=pp_comm, bubble_s=bubble, ep_comm_s=work.ep_comm_s,
                 fwd_mb_s=fwd_mb, bwd_mb_s=bwd_mb)
 
 
@@ -484,7 +491,7 @@ def state_terms(r: Rates, cols: LayoutColumns, layers, stage_params, shard_param
 
 
 EXPOSED = ("compute_s", "recompute_s", "memory_bound_s", "tp_comm_s", "pp_comm_s", "bubble_s",
-           "dp_comm_exposed_s", "offload_s", "cpu_optimizer_s", "gpu_optimizer_s")
+           "dp_comm_exposed_s", "offload_s", "cpu_optimizer_s", "gpu_optimizer_s", "ep_comm_s")
 """The terms whose sum is the step time (`StepEstimate.step_s`)."""
 
 
@@ -521,11 +528,13 @@ def tp_allreduces_per_layer(recompute) -> int:
 
 
 def stage_layers_and_params(model: ModelSpec, tp: int, pp: int, first: int | None = None,
-                            last: int | None = None) -> tuple[int, int]:
+                            last: int | None = None, ep: int = 1) -> tuple[int, int]:
     """Layers and per-GPU parameters of the largest pipeline stage (params.stage_params;
-    `first` / `last`: uneven stage sizes)."""
+    `first` / `last`: uneven stage sizes; routed experts divided by `ep`, memory.experts)."""
     stages = params.stage_params(model, tp, pp, first=first, last=last)
-    return max(s.num_layers for s in stages), max(s.total for s in stages)
+    routed = experts.stage_routed_params(model, tp, pp, first, last)
+    return (max(s.num_layers for s in stages),
+            max(experts.params_per_gpu(s.total, x, ep) for s, x in zip(stages, routed)))
 
 
 def zero_shard_params(stage_params, dp, zero):
@@ -589,7 +598,8 @@ def step_columns(model: ModelSpec, cluster: Cluster, setup: TrainSetup, cols: La
         recompute_flops=per_mode("recompute_flops") * per_gpu,
         efficiency=matmul_efficiency(model, cluster, setup, r.efficiency, b, cols["tp"],
                                      flash_attention, efficiency),
-        fill_stages=(model.num_layers - layers) / layers)
+        fill_stages=(model.num_layers - layers) / layers,
+        ep_comm_s=expert.ep_comm_s(model, setup, cols, r))
     if prec.fp8_scaling is not None:  # fp8 GEMMs at the fp8 peak, casts (planner.timing.fp8)
         work = fp8_timing.fp8_work(work, model, cluster, setup, cols, r.efficiency,
                                    flash_attention, efficiency)
@@ -618,7 +628,7 @@ def estimate_step(model: ModelSpec, cluster: Cluster, layout: Layout, setup: Tra
                                        f"GPUs {cluster.num_gpus}")
     layers, stage_params = stage_layers_and_params(model, layout.tp, layout.pp,
                                                    layout.first_stage_layers,
-                                                   layout.last_stage_layers)
+                                                   layout.last_stage_layers, layout.ep)
     cols = step_columns(model, cluster, setup, LayoutColumns.from_layout(layout),
                         np.array([layers]), np.array([stage_params]),
                         flash_attention=layout.flash_attention, buffers=layout.buffers,

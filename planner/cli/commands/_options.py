@@ -112,6 +112,15 @@ ReserveOpt = Annotated[Optional[float], typer.Option(
     help="Runtime reserve per GPU, GiB, replacing the GPU profile's parts (CUDA context, NCCL "
          "buffers, cuBLAS workspace; in training plans also fragmentation) (default: the "
          "profile's; docs/reserve.md).", rich_help_panel=SETUP)]
+MoeCapacityFactorOpt = Annotated[Optional[float], typer.Option(
+    "--moe-capacity-factor", callback=finite,
+    help="MoE expert capacity as a multiple of the even share, experts padded to it (Megatron "
+         "--moe-expert-capacity-factor with --moe-pad-expert-input-to-capacity) (default: "
+         "dropless; docs/moe.md).", rich_help_panel=SETUP)]
+MoeLoadImbalanceOpt = Annotated[Optional[float], typer.Option(
+    "--moe-load-imbalance", min=1.0, callback=finite,
+    help="MoE load imbalance: the busiest expert-parallel rank gets this factor x the average "
+         "routed tokens (default: 1.0, balanced; docs/moe.md).", rich_help_panel=SETUP)]
 CpuMemOpt = Annotated[Optional[float], typer.Option(
     "--cpu-mem-gib", min=0, callback=finite,
     help="Host RAM per node this job may use, GiB (default: the node profile's, or its share on "
@@ -132,11 +141,15 @@ _GRAD_ACCUM = "Micro-batches per optimizer step (default: global-batch/(micro-ba
 _RECOMPUTE = "Activation recomputation: none, selective, full, every_k."
 _OFFLOAD_OPT = "Where the optimizer states live: none, cpu, nvme."
 _OFFLOAD_PARAMS = "Where the parameters live (ZeRO-3): none, cpu, nvme."
+_EP = ("Expert-parallel degree of MoE models (Megatron --expert-model-parallel-size): routed "
+       "experts split over ep ranks inside dp; must divide num_experts and dp (default: 1; "
+       "the sweep tries every such divisor; docs/moe.md).")
 _PINS = " A comma list (e.g. 1,2,4) pins the sweep to those values (default: all)."
 
 TpOpt = Annotated[Optional[int], typer.Option("--tp", min=1, callback=int64, help=_TP, rich_help_panel=LAYOUT)]
 PpOpt = Annotated[Optional[int], typer.Option("--pp", min=1, callback=int64, help=_PP, rich_help_panel=LAYOUT)]
 DpOpt = Annotated[Optional[int], typer.Option("--dp", min=1, callback=int64, help=_DP, rich_help_panel=LAYOUT)]
+EpOpt = Annotated[Optional[int], typer.Option("--ep", min=1, callback=int64, help=_EP, rich_help_panel=LAYOUT)]
 VirtualStagesOpt = Annotated[Optional[int], typer.Option(
     "--virtual-stages", min=1, callback=int64, help=_VP, rich_help_panel=LAYOUT)]
 _FIRST = ("Blocks on the first pipeline stage, as Megatron-LM's "
@@ -177,6 +190,7 @@ GradAccumOpt = Annotated[Optional[int], typer.Option(
 TpPinsOpt = Annotated[Optional[str], typer.Option("--tp", help=_TP + _PINS, rich_help_panel=LAYOUT)]
 PpPinsOpt = Annotated[Optional[str], typer.Option("--pp", help=_PP + _PINS, rich_help_panel=LAYOUT)]
 DpPinsOpt = Annotated[Optional[str], typer.Option("--dp", help=_DP + _PINS, rich_help_panel=LAYOUT)]
+EpPinsOpt = Annotated[Optional[str], typer.Option("--ep", help=_EP + _PINS, rich_help_panel=LAYOUT)]
 VirtualStagesPinsOpt = Annotated[Optional[str], typer.Option(
     "--virtual-stages", help=_VP + _PINS, rich_help_panel=LAYOUT)]
 ZeroPinsOpt = Annotated[Optional[str], typer.Option("--zero", help=_ZERO + _PINS, rich_help_panel=LAYOUT)]

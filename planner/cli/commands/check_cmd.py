@@ -33,6 +33,7 @@ def check(
     gpus: opt.GpusOpt = None,
     tp: opt.TpOpt = None,
     pp: opt.PpOpt = None,
+    ep: opt.EpOpt = None,
     micro_batch: opt.MicroBatchOpt = None,
     grad_accum: opt.GradAccumOpt = None,
     global_batch: opt.GlobalBatchOpt = None,
@@ -63,7 +64,7 @@ def check(
     if len(sources) != 1:
         raise PlanInputError("check", "give exactly one of JOB, --deepspeed FILE, --megatron-args FILE"
                              + (f" (got {', '.join(sources)})" if sources else ""))
-    numbers = dict(tp=tp, pp=pp, micro_batch=micro_batch, grad_accum=grad_accum, global_batch=global_batch,
+    numbers = dict(tp=tp, pp=pp, ep=ep, micro_batch=micro_batch, grad_accum=grad_accum, global_batch=global_batch,
                    recompute=recompute, recompute_every_k=recompute_every_k, flash_attention=flash_attention)
     host = dict(reserve_gib=reserve, cpu_mem_gib=cpu_mem_gib, implementation=implementation,
                 host_accounting=host_accounting)

@@ -25,6 +25,7 @@ def export(
     tp: opt.TpOpt = None,
     pp: opt.PpOpt = None,
     dp: opt.DpOpt = None,
+    ep: opt.EpOpt = None,
     vp: opt.VirtualStagesOpt = None,
     first_stage_layers: opt.FirstStageLayersOpt = None,
     dp_engine: opt.DpEngineOpt = None,
@@ -45,6 +46,8 @@ def export(
     optimizer: opt.OptimizerOpt = None,
     implementation: opt.ImplementationOpt = None,
     host_accounting: opt.HostAccountingOpt = None,
+    moe_capacity_factor: opt.MoeCapacityFactorOpt = None,
+    moe_load_imbalance: opt.MoeLoadImbalanceOpt = None,
     reserve: opt.ReserveOpt = None,
     cpu_mem_gib: opt.CpuMemOpt = None,
     output: opt.OutputOpt = None,
@@ -69,7 +72,7 @@ def export(
 
         refuse_existing(output, force)  # before any work: nothing is written on a refusal
     layout_fields = dict(
-        tp=tp, pp=pp, dp=dp, virtual_stages=vp, first_stage_layers=first_stage_layers,
+        tp=tp, pp=pp, dp=dp, ep=ep, virtual_stages=vp, first_stage_layers=first_stage_layers,
         last_stage_layers=last_stage_layers, dp_engine=dp_engine, zero_stage=zero, offload_optimizer=offload_optimizer,
         offload_params=offload_params, recompute=recompute, recompute_every_k=recompute_every_k,
         sequence_parallel=sequence_parallel, flash_attention=flash_attention, micro_batch=micro_batch,
@@ -78,7 +81,8 @@ def export(
     given = any(v is not None for v in layout_fields.values())
     if job is not None:
         others = (model, cluster, gpu, gpus, seq_len, global_batch, tokens, precision, optimizer,
-                  reserve, cpu_mem_gib, implementation, host_accounting)
+                  reserve, cpu_mem_gib, implementation, host_accounting, moe_capacity_factor,
+                  moe_load_imbalance)
         if given or any(value is not None for value in others):
             raise PlanInputError("--job", "the job file gives model, cluster, layout and setup; drop the other flags")
         from planner.io.jobfile import load_job
@@ -92,7 +96,8 @@ def export(
         length = opt.default_seq_len(spec, seq_len)
         names = dict(precision=precision or opt.DEFAULT_PRECISION, optimizer=optimizer or opt.DEFAULT_OPTIMIZER,
                      reserve_gib=reserve, implementation=implementation,
-                     host_accounting=host_accounting)
+                     host_accounting=host_accounting, moe_capacity_factor=moe_capacity_factor,
+                     moe_load_imbalance=moe_load_imbalance)
         run_tokens = tokens if tokens is not None else opt.DEFAULT_TOKENS
         if given:
             layout, batch = opt.layout_from_flags(hardware, global_batch, **layout_fields)

@@ -22,6 +22,7 @@ def fit(
     tp: opt.TpOpt = None,
     pp: opt.PpOpt = None,
     dp: opt.DpOpt = None,
+    ep: opt.EpOpt = None,
     vp: opt.VirtualStagesOpt = None,
     first_stage_layers: opt.FirstStageLayersOpt = None,
     dp_engine: opt.DpEngineOpt = None,
@@ -43,6 +44,8 @@ def fit(
     optimizer: opt.OptimizerOpt = None,
     implementation: opt.ImplementationOpt = None,
     host_accounting: opt.HostAccountingOpt = None,
+    moe_capacity_factor: opt.MoeCapacityFactorOpt = None,
+    moe_load_imbalance: opt.MoeLoadImbalanceOpt = None,
     reserve: opt.ReserveOpt = None,
     cpu_mem_gib: opt.CpuMemOpt = None,
     calibration: opt.CalibrationOpt = None,
@@ -75,7 +78,7 @@ def fit(
     if efficiency is None:  # --efficiency overrides the calibration file, as on sweep
         efficiency = fitting.calibrated_efficiency(calibration, hardware, precision)
     layout_fields = dict(
-        tp=tp, pp=pp, dp=dp, virtual_stages=vp, first_stage_layers=first_stage_layers,
+        tp=tp, pp=pp, dp=dp, ep=ep, virtual_stages=vp, first_stage_layers=first_stage_layers,
         last_stage_layers=last_stage_layers, dp_engine=dp_engine, zero_stage=zero, offload_optimizer=offload_optimizer,
         offload_params=offload_params, recompute=recompute, recompute_every_k=recompute_every_k,
         sequence_parallel=sequence_parallel, flash_attention=flash_attention,
@@ -84,12 +87,12 @@ def fit(
     if any(value is not None for value in layout_fields.values()):
         layout, batch = opt.layout_from_flags(hardware, global_batch, **layout_fields)
         setup = make_setup(length, batch, tokens, precision, optimizer, reserve, implementation,
-                           host_accounting)
+                           host_accounting, moe_capacity_factor, moe_load_imbalance)
         result = fitting.fit_layout(spec, hardware, layout, setup, efficiency)
     else:
         batch = global_batch if global_batch is not None else opt.default_global_batch(hardware.num_gpus)
         setup = make_setup(length, batch, tokens, precision, optimizer, reserve, implementation,
-                           host_accounting)
+                           host_accounting, moe_capacity_factor, moe_load_imbalance)
         result = fitting.fit_search(spec, hardware, setup, efficiency)
     if json_out:
         render.emit(result)

@@ -105,6 +105,7 @@ def register(app: typer.Typer) -> None:
         tp: opt.TpPinsOpt = None,
         pp: opt.PpPinsOpt = None,
         dp: opt.DpPinsOpt = None,
+        ep: opt.EpPinsOpt = None,
         virtual_stages: opt.VirtualStagesPinsOpt = None,
         zero: opt.ZeroPinsOpt = None,
         micro_batch: opt.MicroBatchPinsOpt = None,
@@ -123,6 +124,8 @@ def register(app: typer.Typer) -> None:
         flash_attention: opt.FlashAttentionOpt = None,
         implementation: opt.ImplementationOpt = None,
         host_accounting: opt.HostAccountingOpt = None,
+        moe_capacity_factor: opt.MoeCapacityFactorOpt = None,
+        moe_load_imbalance: opt.MoeLoadImbalanceOpt = None,
         reserve: opt.ReserveOpt = None,
         cpu_mem_gib: opt.CpuMemOpt = None,
         efficiency: opt.EfficiencyOpt = None,
@@ -158,13 +161,14 @@ def register(app: typer.Typer) -> None:
                              global_batch if global_batch is not None else opt.default_global_batch(cl.num_gpus),
                              tokens if tokens is not None else opt.DEFAULT_TOKENS,
                              precision or opt.DEFAULT_PRECISION, optimizer or opt.DEFAULT_OPTIMIZER, reserve,
-                             implementation, host_accounting)
+                             implementation, host_accounting, moe_capacity_factor,
+                             moe_load_imbalance)
                   for cl in clusters]
         setup = setups[0]
         console = progress_console()
         buffers = _deepspeed_buffers(deepspeed, spec.hidden_size, console)
         constraints = sweep.Constraints(
-            tp=_ints("tp", tp), pp=_ints("pp", pp), dp=_ints("dp", dp),
+            tp=_ints("tp", tp), pp=_ints("pp", pp), dp=_ints("dp", dp), ep=_ints("ep", ep),
             virtual_stages=_ints("virtual_stages", virtual_stages), zero_stage=_ints("zero", zero),
             micro_batch=_ints("micro_batch", micro_batch),
             recompute=_choices("recompute", recompute, sweep.RECOMPUTE_MODES),

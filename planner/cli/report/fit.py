@@ -69,6 +69,8 @@ def _layout_line(result: FitResult) -> str:
              f"recompute={layout.recompute}"]
     if layout.dp_engine != "deepspeed":
         parts.insert(4, f"dp_engine={layout.dp_engine}")
+    if layout.ep > 1:
+        parts.insert(3, f"ep={layout.ep}")
     if layout.virtual_stages > 1:
         parts.append(f"virtual_stages={layout.virtual_stages}")
     if layout.first_stage_layers is not None or layout.last_stage_layers is not None:
@@ -129,6 +131,7 @@ def print_fit(result: FitResult) -> None:
             f"MFU {step.mfu:.1%}{mfu_note(result.setup)}, {step.days:,.1f} days for "
             f"{result.setup.train_tokens:.3g} tokens "
             f"({step.gpu_hours:,.0f} GPU-hours)"
+            + (f"; expert all-to-all {fmt_seconds(step.ep_comm_s)}" if step.ep_comm_s else "")
         )
     if result.strategies:
         console.print(strategy_table(result))

@@ -19,6 +19,8 @@ def layout_label(row: SweepRow) -> str:
     uneven first / last stage layers)."""
     lay = row.layout
     parts = [f"z{lay.zero_stage}" + (" fsdp2" if lay.dp_engine == "fsdp2" else "")]
+    if lay.ep > 1:
+        parts.append(f"ep{lay.ep}")
     if lay.offload_optimizer != "none" or lay.offload_params != "none":
         parts.append(f"off={lay.offload_optimizer.replace('none', '-')}/"
                      f"{lay.offload_params.replace('none', '-')}")
@@ -70,7 +72,7 @@ def breakdown_table(row: SweepRow) -> Table:
     table.add_column("share", justify="right")
     for name in ("compute_s", "recompute_s", "memory_bound_s", "tp_comm_s", "pp_comm_s",
                  "bubble_s", "dp_comm_exposed_s", "offload_s", "cpu_optimizer_s",
-                 "gpu_optimizer_s"):
+                 "gpu_optimizer_s", "ep_comm_s"):
         value = getattr(est, name)
         table.add_row(name.removesuffix("_s"), f"{value:.4f}", f"{value / est.step_s:.1%}")
     table.add_row("dp_comm (incl. hidden)", f"{est.dp_comm_s:.4f}", "")
