@@ -213,18 +213,18 @@ def stage_table(model: ModelSpec, tp: int, pp: int,
                 ) -> dict[str, tuple[int, int, int]]:
     """Scalar facts of the first, a middle and the last stage (params, model_states): parameters
     per GPU, largest tensor, ZeRO-3 persistent elements; a middle stage exists when pp >= 3."""
-    stages = params.stage_params(model, tp, pp)
-    kinds = (stages[0], stages[1] if pp >= 3 else stages[0], stages[-1])
-    distinct = {s.stage: s for s in kinds}  # pp = 1 and 2 repeat a stage
+    counts = params.stage_param_counts(model, tp, pp)  # plain ints per stage: no records
+    kinds = (0, 1 if pp >= 3 else 0, pp - 1)
+    distinct = {i: params.stage_record(i, counts[i]) for i in kinds}  # pp = 1, 2 repeat a stage
     largest = {i: params.largest_param_numel(model, tp, i, pp) for i in distinct}
     persistent = {i: model_states.zero3_persistent_numel(model, tp, s, pp, threshold)
                   for i, s in distinct.items()}
     return {
-        "params": tuple(s.total for s in kinds),
-        "largest": tuple(largest[s.stage] for s in kinds),
-        "persistent": tuple(persistent[s.stage] for s in kinds),
-        "max_layers": (max(s.num_layers for s in stages),) * 3,
-        "max_params": (max(s.total for s in stages),) * 3,
+        "params": tuple(distinct[i].total for i in kinds),
+        "largest": tuple(largest[i] for i in kinds),
+        "persistent": tuple(persistent[i] for i in kinds),
+        "max_layers": (max(c[0] for c in counts),) * 3,
+        "max_params": (max(sum(c[1:]) for c in counts),) * 3,
     }
 
 
@@ -402,7 +402,7 @@ def evaluate(model: ModelSpec, cluster: Cluster, setup: TrainSetup, cands: dict[
                headroom_bytes=capacity - peak, node_cpu_bytes=node_cpu, node_nvme_bytes=node_nvme)
     out |= steptime.step_columns(model, cluster, setup, cands, tables["max_layers"][inv, 0],
                                  tables["max_params"][inv, 0], flash_attention=c.flash_attention,
-                                 buffers=c.buffers, efficiency=efficiency)
+                                 buffers=c.buffers, efficiency=efficiency, stage_rows=inv)
     return out
 
 
