@@ -379,7 +379,7 @@ class StageWork:
     """What the slowest pipeline stage's GPU does in one step, per layout row (arrays or scalars).
 
     Per GPU: `layers` of the largest stage, `stage_params` its parameters (one tp rank),
-    `shard_params` the ZeRO shard of them (None when the columns have no ZeRO stage); FLOPs per GPU per step; `act_bytes` = b·s·h·bytes;
+    `shard_params` the ZeRO shard of them; FLOPs per GPU per step; `act_bytes` = b·s·h·bytes;
     `elementwise_bytes` (all passes) and `elementwise_fwd_bytes` (the forward) per layer and
     micro-batch (`elementwise_layer_bytes`, `elementwise_step_bytes`); `tp_allreduces` per layer
     (`tp_allreduces_per_layer`)."""
@@ -399,10 +399,9 @@ class StageWork:
     fill_stages: object
     """(num_layers - layers) / layers: the pipeline fill in slowest-stage units (pp - 1 when
     the stages are even; `bubble_time_s`)."""
-    model_flops: object = None
-    """Forward + backward FLOPs of the whole model per step (MFU's numerator)."""
-    hardware_flops: object = None
-    """`model_flops` plus recompute (HFU's numerator)."""
+    stage_rows: object = None
+    """Each row's index among the distinct (layers, stage_params) pairs, when the caller knows
+    it (the sweep's (tp, pp) table rows); None: found by `state_terms`."""
 
 
 @dataclass(frozen=True)
@@ -476,7 +475,7 @@ def state_terms(r: Rates, cols: LayoutColumns, layers, stage_params, shard_param
                 sizes: ByteSizes, fwd_mb_s, bwd_mb_s, stage_rows=None) -> dict:
     """Data-parallel / ZeRO collectives, offload traffic and the optimizer step of each row,
     hidden behind the micro-batch windows of `compute_terms`; `layers`, `stage_params`,
-    `shard_params` as in `StageWork`, `stage_rows` as in `step_columns`. Every DP collective is a flat NCCL ring on
+    `shard_params`, `stage_rows` as in `StageWork`. Every DP collective is a flat NCCL ring on
     the group's real bandwidth per level (`dp_collective_s`); ZeRO-3 follows DeepSpeed's
     per-layer, per-micro-batch schedule (`zero3_comm`)."""
     node, m = r.gpus_per_node, cols["grad_accum"]
@@ -531,6 +530,15 @@ def state_terms(r: Rates, cols: LayoutColumns, layers, stage_params, shard_param
 EXPOSED = ("compute_s", "recompute_s", "memory_bound_s", "tp_comm_s", "pp_comm_s", "bubble_s",
            "dp_comm_exposed_s", "offload_s", "cpu_optimizer_s", "gpu_optimizer_s")
 """The terms whose sum is the step time (`StepEstimate.step_s`)."""
+
+
+def step_terms(r: Rates, cols: LayoutColumns, work: StageWork, sizes: ByteSizes) -> dict:
+    """Every time term of one step, for each row of the layout columns: `compute_terms`, then
+    `state_terms` in their windows, and `step_s` the sum of the exposed ones."""
+    terms = compute_terms(r, cols, work)
+    return _with_step(terms | state_terms(r, cols, work.layers, work.stage_params,
+                                          work.shard_params, sizes, terms["fwd_mb_s"],
+                                          terms["bwd_mb_s"], work.stage_rows))
 
 
 def _with_step(terms: dict) -> dict:
@@ -599,22 +607,26 @@ def block_matmul_efficiency(model: ModelSpec, cluster: Cluster, setup: TrainSetu
                                  setup.precision.activation_bytes)
 
 
-COMPUTE_COLUMNS = ("tp", "pp", "virtual_stages", "sequence_parallel", "recompute", "micro_batch",
-                   "grad_accum")
-"""The layout columns `stage_work` and `compute_terms` read (with the stage's layers): the
-compute side of a step is evaluated once per distinct combination of them (`step_columns`)."""
-
-
-def stage_work(model: ModelSpec, cluster: Cluster, setup: TrainSetup, r: Rates,
-               cols: LayoutColumns, layers, stage_params, flops_by_mode: dict,
-               flash_attention: bool, efficiency: float | None) -> StageWork:
-    """The slowest stage's work of each row (`StageWork`); `flops_by_mode`: planner.core.flops'
-    step FLOPs per recompute code present."""
+def step_columns(model: ModelSpec, cluster: Cluster, setup: TrainSetup, cols: LayoutColumns,
+                 layers, stage_params, *, flash_attention: bool = False,
+                 buffers: EngineBuffers = DEFAULT_BUFFERS,
+                 efficiency: float | None = None,
+                 stage_rows: np.ndarray | None = None) -> dict[str, np.ndarray]:
+    """Every step term and rate of each layout row, float64 columns: `estimate_step` is its
+    length-1 evaluation, the sweep evaluates all candidates. `layers`, `stage_params`: the
+    largest stage's layers and per-GPU parameters of each row (`stage_layers_and_params`);
+    `stage_rows` optionally each row's index among the distinct (layers, stage_params) pairs
+    (the sweep's (tp, pp) table rows; found by `state_terms` when None).
+    FLOPs come from planner.core.flops once per recompute mode present."""
+    r = cluster_rates(cluster, setup, efficiency)
     rec = cols["recompute"]
+    codes = np.flatnonzero(np.bincount(rec, minlength=len(RECOMPUTE_MODES)))
+    table = {int(k): flops_mod.step_flops(model, setup, Layout(
+        recompute=RECOMPUTE_MODES[int(k)], flash_attention=flash_attention)) for k in codes}
 
     def per_mode(name: str) -> np.ndarray:
         lookup = np.zeros(len(RECOMPUTE_MODES))
-        for k, f in flops_by_mode.items():
+        for k, f in table.items():
             lookup[k] = getattr(f, name)
         return lookup[rec]
 
@@ -625,10 +637,9 @@ def stage_work(model: ModelSpec, cluster: Cluster, setup: TrainSetup, r: Rates,
     token_b, score_b = elementwise_layer_bytes(model, setup.seq_len, b, cols["tp"],
                                                cols["sequence_parallel"], flash_attention,
                                                prec.activation_bytes)
-    return StageWork(
+    work = StageWork(
         layers=layers, stage_params=stage_params,
-        shard_params=zero_shard_params(stage_params, cols["dp"], cols["zero_stage"])
-        if "zero_stage" in cols else None,
+        shard_params=zero_shard_params(stage_params, cols["dp"], cols["zero_stage"]),
         act_bytes=b * float(setup.seq_len * model.hidden_size * prec.activation_bytes),
         tp_allreduces=allreduces[rec],
         elementwise_bytes=elementwise_step_bytes(token_b, score_b, elementwise_code),
@@ -637,53 +648,14 @@ def stage_work(model: ModelSpec, cluster: Cluster, setup: TrainSetup, r: Rates,
         recompute_flops=per_mode("recompute_flops") * per_gpu,
         efficiency=matmul_efficiency(model, cluster, setup, r.efficiency, b, cols["tp"],
                                      flash_attention, efficiency),
-        fill_stages=(model.num_layers - layers) / layers,
-        model_flops=per_mode("model_flops"), hardware_flops=per_mode("hardware_flops"))
-
-
-def step_columns(model: ModelSpec, cluster: Cluster, setup: TrainSetup, cols: LayoutColumns,
-                 layers, stage_params, *, flash_attention: bool = False,
-                 buffers: EngineBuffers = DEFAULT_BUFFERS,
-                 efficiency: float | None = None,
-                 stage_rows: np.ndarray | None = None) -> dict[str, np.ndarray]:
-    """Every step term and rate of each layout row, float64 columns: `estimate_step` is its
-    length-1 evaluation, the sweep evaluates all candidates. `layers`, `stage_params`: the
-    largest stage's layers and per-GPU parameters of each row (`stage_layers_and_params`);
-    `stage_rows` optionally each row's index among the distinct (layers, stage_params) pairs
-    (the sweep's (tp, pp) table rows; found here when None).
-    FLOPs come from planner.core.flops once per recompute mode present. The compute side
-    (`stage_work`, `compute_terms`) is evaluated once per distinct (stage, COMPUTE_COLUMNS)
-    combination and gathered back; `state_terms` runs on every row in those windows, and
-    `step_s` is the sum of the exposed terms."""
-    r = cluster_rates(cluster, setup, efficiency)
-    rec = cols["recompute"]
-    layers, stage_params = (np.broadcast_to(x, rec.shape) for x in (layers, stage_params))
-    stage_rows = _stage_rows(layers, stage_params, stage_rows, rec.shape)
-    codes = np.flatnonzero(np.bincount(rec, minlength=len(RECOMPUTE_MODES)))
-    table = {int(k): flops_mod.step_flops(model, setup, Layout(
-        recompute=RECOMPUTE_MODES[int(k)], flash_attention=flash_attention)) for k in codes}
-
-    def compute(rows):  # only the key columns: reading any other one fails loudly
-        sub = LayoutColumns({k: cols[k][rows] for k in COMPUTE_COLUMNS})
-        work = stage_work(model, cluster, setup, r, sub, layers[rows], stage_params[rows], table,
-                          flash_attention, efficiency)
-        return compute_terms(r, sub, work) | dict(
-            efficiency=work.efficiency, model_flops=work.model_flops,
-            hardware_flops=work.hardware_flops)
-
-    terms = on_distinct(compute, stage_rows, *(cols[k] for k in COMPUTE_COLUMNS))
-    prec = setup.precision
+        fill_stages=(model.num_layers - layers) / layers, stage_rows=stage_rows)
     sizes = ByteSizes(grad_bytes=prec.grad_bytes, param_bytes=prec.param_bytes,
                       optimizer_bytes=optimizer_bytes_per_param(prec, setup.optimizer),
                       buffers=buffers)
-    shard = zero_shard_params(stage_params, cols["dp"], cols["zero_stage"])
-    terms |= state_terms(r, cols, layers, stage_params, shard, sizes, terms["fwd_mb_s"],
-                         terms["bwd_mb_s"], stage_rows)
-    rest = {k: terms.pop(k) for k in ("efficiency", "model_flops", "hardware_flops")}
-    terms = _with_step(terms)
+    terms = step_terms(r, cols, work, sizes)
     rates = rate_terms(r, terms["step_s"], setup.global_batch * setup.seq_len,
-                       rest["model_flops"], rest["hardware_flops"], setup.train_tokens)
-    out = {**terms, **rates, "efficiency": rest["efficiency"]}
+                       per_mode("model_flops"), per_mode("hardware_flops"), setup.train_tokens)
+    out = {**terms, **rates, "efficiency": work.efficiency}
     return {k: _float_column(v, rec.shape) for k, v in out.items()}
 
 
