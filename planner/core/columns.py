@@ -14,8 +14,7 @@ read it.
 
 from __future__ import annotations
 
-import math
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -126,32 +125,35 @@ def _unique_ints(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     if size > 4 * values.size + 4096:
         uniq, inverse = np.unique(values, return_inverse=True)
         return uniq, inverse.reshape(-1)
-    seen = np.zeros(size, dtype=bool)
-    seen[values] = True
-    return np.flatnonzero(seen), (np.cumsum(seen) - 1)[values]
+    seen = np.bincount(values, minlength=size) > 0
+    return np.flatnonzero(seen), (np.cumsum(seen) - 1).take(values)
 
 
 def group_rows(*keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Unique rows of the stacked non-negative integer keys, in `np.unique`'s sorted order, and
     each candidate's row index. The columns are packed into one int64 in mixed radix (radix:
-    the column's largest value + 1) and the packed values grouped. When that range would be
-    wide, each column is first replaced by its rank among its distinct values."""
+    the column's largest value + 1), one column at a time; whenever the packed range would
+    grow wide, the part packed so far is first replaced by its rank among its distinct values
+    (a presence table, no sort), and a wide column by its rank. Ranks keep the order, so the
+    groups come out sorted; each group's values are read at one of its rows."""
     n = len(keys[0])
+    limit = 4 * n + 4096
     keys = [np.asarray(key, dtype=np.int64) for key in keys]
-    radix = [int(key.max(initial=0)) + 1 for key in keys]
-    values = None  # column values by rank, when ranked
-    if math.prod(radix) > 4 * n + 4096:
-        values, keys = zip(*(_unique_ints(key) for key in keys))
-        radix = [max(len(v), 1) for v in values]
-    packed = np.zeros(n, dtype=np.int64)
-    for key, base in zip(keys, radix):
-        packed = packed * base + key
+    packed, width = None, 1
+    for key in keys:
+        radix = int(key.max(initial=0)) + 1
+        if packed is not None and width * radix > limit:
+            uniq, packed = _unique_ints(packed)
+            width = max(len(uniq), 1)
+        if width * radix > limit:
+            uniq, key = _unique_ints(key)
+            radix = max(len(uniq), 1)
+        packed = key if packed is None else packed * radix + key
+        width *= radix
     uniq, inverse = _unique_ints(packed)
-    columns = []
-    for i in reversed(range(len(keys))):  # unpack the mixed radix, last key first
-        uniq, digit = np.divmod(uniq, radix[i])
-        columns.append(digit if values is None else values[i][digit])
-    return np.stack(columns[::-1], axis=1).astype(np.int64), inverse.astype(np.int64)
+    inverse = inverse.astype(np.int64, copy=False)
+    rep = representatives(inverse, len(uniq))
+    return np.stack([key[rep] for key in keys], axis=1), inverse
 
 
 def representatives(inverse: np.ndarray, groups: int) -> np.ndarray:
@@ -159,3 +161,30 @@ def representatives(inverse: np.ndarray, groups: int) -> np.ndarray:
     rep = np.zeros(groups, dtype=np.int64)
     rep[inverse] = np.arange(len(inverse), dtype=np.int64)
     return rep
+
+
+def on_distinct(fn: Callable[[np.ndarray], Mapping[str, object]],
+                *keys: np.ndarray) -> dict[str, np.ndarray]:
+    """`fn(rows)` evaluated once per distinct combination of the integer `keys` (at one row of
+    each, `representatives`) and gathered back to every row: for a quantity that depends only
+    on those keys, the same values as `fn` over all rows, computed on far fewer. `fn` takes the
+    representative row indices and returns named values over them (arrays or scalars)."""
+    uniq, inverse = group_rows(*keys)
+    out = fn(representatives(inverse, len(uniq)))
+    return {name: np.broadcast_to(value, (len(uniq),)).take(inverse) for name, value in out.items()}
+
+
+def piecewise(shape: tuple[int, ...], width: int,
+              cases: Sequence[tuple[np.ndarray, Callable[[np.ndarray], Sequence[object]]]],
+              ) -> list[np.ndarray]:
+    """`width` float64 columns defined case by case: `cases` are (disjoint boolean mask, fn) and
+    `fn(rows)` gives the columns' values on the rows (an index array) where its mask holds;
+    0 where no case does. The same values as evaluating every case on every row and selecting
+    with np.where, at each case's share of the cost."""
+    out = [np.zeros(shape) for _ in range(width)]
+    for mask, fn in cases:
+        rows = np.flatnonzero(mask)
+        if rows.size:
+            for column, value in zip(out, fn(rows)):
+                column[rows] = value
+    return out

@@ -449,23 +449,41 @@ def block_kinds(model: ModelSpec) -> set[bool]:
     return {kind for kind, present in ((True, moe > 0), (False, moe < model.num_layers)) if present}
 
 
+def stage_param_counts(model: ModelSpec, tp: int, pp: int, kv_replication: bool = False,
+                       first: int | None = None, last: int | None = None
+                       ) -> list[tuple[int, int, int, int]]:
+    """(num_layers, layer_params, embedding_params, head_params) of each pipeline stage as
+    plain ints: `stage_params` without the typed records (the sweep's hot path)."""
+    per_layer = {moe: layer_params_per_rank(model, tp, moe, kv_replication) for moe in block_kinds(model)}
+    only = next(iter(per_layer.values())) if len(per_layer) == 1 else None  # one block kind
+    stages, start = [], 0
+    for stage, n_layers in enumerate(layers_per_stage(model.num_layers, pp, first, last)):
+        embedding = first_stage_extra_params(model, tp) if stage == 0 else 0
+        head = last_stage_extra_params(model, tp, pp) if stage == pp - 1 else 0
+        if only is not None:
+            layers = n_layers * only
+        else:
+            layers = sum(per_layer[model.layer_is_moe(i)] for i in range(start, start + n_layers))
+        start += n_layers
+        stages.append((n_layers, layers, embedding, head))
+    return stages
+
+
+def stage_record(stage: int, counts: tuple[int, int, int, int]) -> StageParams:
+    """The typed record of one stage's `stage_param_counts` entry."""
+    n_layers, layers, embedding, head = counts
+    return StageParams(stage=stage, num_layers=n_layers, layer_params=layers,
+                       embedding_params=embedding, head_params=head,
+                       total=layers + embedding + head)
+
+
 def stage_params(model: ModelSpec, tp: int, pp: int, kv_replication: bool = False,
                  first: int | None = None, last: int | None = None) -> list[StageParams]:
     """Parameters held by one GPU (largest tp rank) of each pipeline stage; MoE and dense
     blocks counted where they sit (first_dense_layers, moe_layer_step); `first` / `last` the
     uneven stage sizes (`layers_per_stage`)."""
-    per_layer = {moe: layer_params_per_rank(model, tp, moe, kv_replication) for moe in block_kinds(model)}
-    stages, start = [], 0
-    for stage, n_layers in enumerate(layers_per_stage(model.num_layers, pp, first, last)):
-        embedding = first_stage_extra_params(model, tp) if stage == 0 else 0
-        head = last_stage_extra_params(model, tp, pp) if stage == pp - 1 else 0
-        layers = sum(per_layer[model.layer_is_moe(i)] for i in range(start, start + n_layers))
-        start += n_layers
-        stages.append(StageParams(
-            stage=stage, num_layers=n_layers, layer_params=layers,
-            embedding_params=embedding, head_params=head, total=layers + embedding + head,
-        ))
-    return stages
+    return [stage_record(i, counts) for i, counts in
+            enumerate(stage_param_counts(model, tp, pp, kv_replication, first, last))]
 
 
 def largest_param_numel(model: ModelSpec, tp: int, stage: int, pp: int,

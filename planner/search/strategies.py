@@ -93,16 +93,22 @@ def _fits_many(model: ModelSpec, cluster: Cluster, base: Layout, setup: TrainSet
     capacity = cluster.gpu.memory_bytes - reserve_column(
         cluster.gpu, setup.reserve_gib, cols["tp"], cols["pp"], cols["dp"])
     host = []
+    seen: dict[tuple[int, int, int], tuple] = {}  # equal stages (the middle ones) once
     for sp, act in zip(stages, acts, strict=True):
         largest = params.largest_param_numel(model, base.tp, sp.stage, base.pp)
         persistent = model_states.zero3_persistent_numel(
             model, base.tp, sp, base.pp, base.buffers.param_persistence_threshold)
-        P = np.full(len(dps), sp.total, dtype=np.int64)
-        states = model_states.state_parts(P, cols, prec, opt, setup.host_accounting)
-        buffers = model_states.buffer_parts(P, largest, persistent, cols, prec, base.buffers)
-        gpu = model_states.parts_total(states.gpu, P) + model_states.parts_total(buffers, P)
+        key = (sp.total, largest, persistent)
+        if key not in seen:
+            P = np.full(len(dps), sp.total, dtype=np.int64)
+            states = model_states.state_parts(P, cols, prec, opt, setup.host_accounting)
+            buffers = model_states.buffer_parts(P, largest, persistent, cols, prec, base.buffers)
+            seen[key] = (model_states.parts_total(states.gpu, P) + model_states.parts_total(buffers, P),
+                         (model_states.parts_total(states.cpu, P),
+                          model_states.parts_total(states.nvme, P)))
+        gpu, stage_host = seen[key]
         fits &= gpu + act.total_bytes <= capacity
-        host.append((model_states.parts_total(states.cpu, P), model_states.parts_total(states.nvme, P)))
+        host.append(stage_host)
     if base.pp > 1 and any(np.any(c) or np.any(n) for c, n in host):
         return np.array([_fits(model, cluster, base.model_copy(update={"dp": int(d)}), setup)
                          for d in dps], dtype=bool)

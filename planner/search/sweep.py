@@ -545,7 +545,7 @@ def evaluate(model: ModelSpec, cluster: Cluster, setup: TrainSetup, cands: dict[
                headroom_bytes=capacity - peak, node_cpu_bytes=node_cpu, node_nvme_bytes=node_nvme)
     out |= steptime.step_columns(model, cluster, setup, cands, tables["max_layers"][inv, 0],
                                  tables["max_params"][inv, 0], flash_attention=c.flash_attention,
-                                 buffers=c.buffers, efficiency=efficiency)
+                                 buffers=c.buffers, efficiency=efficiency, stage_rows=inv)
     return out
 
 

@@ -33,7 +33,7 @@ import numpy as np
 
 from planner.core import flops as flops_mod
 from planner.core import params
-from planner.core.columns import RECOMPUTE_MODES, LayoutColumns
+from planner.core.columns import RECOMPUTE_MODES, LayoutColumns, group_rows, on_distinct, piecewise
 from planner.core.errors import PlanInputError
 from planner.timing import collectives, expert, gemm, interference, sharded_dp
 from planner.timing import fp8 as fp8_timing
@@ -207,9 +207,9 @@ def dp_comm_times_s(zero_stage, micro_batches, grad_half_s, param_half_s, bucket
     z1_exposed = exposed_s(grad_half_s, bwd_mb_s, bucket_half_s, k) + param_half_s
     z2_total = m * grad_half_s + param_half_s
     z2_exposed = m * exposed_s(grad_half_s, bwd_mb_s, bucket_half_s, k) + param_half_s
-    stage = np.minimum(zero_stage, 2)
-    total = np.choose(stage, [ddp_total, z1_total, z2_total])
-    exposed = np.choose(stage, [ddp_exposed, z1_exposed, z2_exposed])
+    ddp, z1 = zero_stage == 0, zero_stage == 1  # ZeRO-2 (and above) otherwise
+    total = np.where(ddp, ddp_total, np.where(z1, z1_total, z2_total))
+    exposed = np.where(ddp, ddp_exposed, np.where(z1, z1_exposed, z2_exposed))
     return total, exposed
 
 
@@ -221,32 +221,42 @@ def dp_collective_s(r: "Rates", collective, size_bytes, dp_local, dp):
                                    r.intra_lat, r.inter_bw_per_gpu, r.inter_lat)
 
 
-def zero3_comm(r: "Rates", layers, stage_params, dp_local, dp, micro_batches, sizes: "ByteSizes",
-               fwd_mb_s, bwd_mb_s):
-    """DeepSpeed ZeRO-3 per step (`sharded_dp.zero3_step`): each layer's parameters
-    all-gathered in forward and again in backward on every micro-batch, its gradients
-    reduce-scattered in backward, overlapped as far as DeepSpeed's prefetch bucket and
-    max-live limit allow (`deepspeed_prefetch_fraction`); the first gather and the last
-    reduce-scatter exposed. Named approximation: the stage's parameters spread evenly over its
+def layer_collectives_s(r: "Rates", layers, stage_params, dp_local, dp, sizes: "ByteSizes"):
+    """(all-gather of one layer's parameters, reduce-scatter of its gradients, DeepSpeed's
+    prefetch fraction) over the data-parallel group: the per-layer collectives `zero3_comm` and
+    `fsdp2_comm` schedule. Named approximation: the stage's parameters spread evenly over its
     layers (embedding included)."""
     layer_params = stage_params / layers
     gather = dp_collective_s(r, "all_gather", layer_params * sizes.param_bytes, dp_local, dp)
     reduce = dp_collective_s(r, "reduce_scatter", layer_params * sizes.grad_bytes, dp_local, dp)
     prefetch = sharded_dp.deepspeed_prefetch_fraction(
         layer_params, sizes.buffers.prefetch_bucket_elements, sizes.buffers.max_live_parameters)
+    return gather, reduce, prefetch
+
+
+def zero3_comm(r: "Rates", layers, stage_params, dp_local, dp, micro_batches, sizes: "ByteSizes",
+               fwd_mb_s, bwd_mb_s, layer_comm=None):
+    """DeepSpeed ZeRO-3 per step (`sharded_dp.zero3_step`): each layer's parameters
+    all-gathered in forward and again in backward on every micro-batch, its gradients
+    reduce-scattered in backward, overlapped as far as DeepSpeed's prefetch bucket and
+    max-live limit allow (`deepspeed_prefetch_fraction`); the first gather and the last
+    reduce-scatter exposed. `layer_comm`: `layer_collectives_s` when already evaluated."""
+    if layer_comm is None:
+        layer_comm = layer_collectives_s(r, layers, stage_params, dp_local, dp, sizes)
+    gather, reduce, prefetch = layer_comm
     return sharded_dp.zero3_step(gather, reduce, fwd_mb_s / layers, bwd_mb_s / layers, layers,
                                  micro_batches, prefetch, r.interference)
 
 
 def fsdp2_comm(r: "Rates", layers, stage_params, dp_local, dp, micro_batches, sizes: "ByteSizes",
-               fwd_mb_s, bwd_mb_s, reshard_after_forward):
+               fwd_mb_s, bwd_mb_s, reshard_after_forward, layer_comm=None):
     """PyTorch FSDP2 per step (`sharded_dp.fsdp2_step`), one `fully_shard` unit per block:
     all-gathers prefetched one unit ahead in forward and, with reshard_after_forward (ZeRO-3
     rows), again in backward; gradients reduce-scattered per unit on every micro-batch (torch
-    2.13 `_fully_shard`; docs/collectives.md §4). Same per-layer sizes as `zero3_comm`."""
-    layer_params = stage_params / layers
-    gather = dp_collective_s(r, "all_gather", layer_params * sizes.param_bytes, dp_local, dp)
-    reduce = dp_collective_s(r, "reduce_scatter", layer_params * sizes.grad_bytes, dp_local, dp)
+    2.13 `_fully_shard`; docs/collectives.md §4). Same per-layer collectives as `zero3_comm`."""
+    if layer_comm is None:
+        layer_comm = layer_collectives_s(r, layers, stage_params, dp_local, dp, sizes)
+    gather, reduce, _ = layer_comm
     args = (gather, reduce, fwd_mb_s / layers, bwd_mb_s / layers, layers, micro_batches)
     again = sharded_dp.fsdp2_step(*args, reshard_after_forward=True, interference=r.interference)
     kept = sharded_dp.fsdp2_step(*args, reshard_after_forward=False, interference=r.interference)
@@ -410,6 +420,9 @@ class StageWork:
     planner.timing.fp8); None: `efficiency`."""
     ep_comm_s: object = 0.0
     """Expert-parallel all-to-all seconds per step (`expert.ep_comm_s`)."""
+    stage_rows: object = None
+    """Each row's index among the distinct (layers, stage_params) pairs, when the caller knows
+    it (the sweep's (tp, pp) table rows); None: found by `state_terms`."""
 
 
 @dataclass(frozen=True)
@@ -449,43 +462,90 @@ def compute_terms(r: Rates, cols: LayoutColumns, work: StageWork) -> dict:
                 fwd_mb_s=fwd_mb, bwd_mb_s=bwd_mb)
 
 
+def collective_times(r: Rates, layers, stage_params, dp_local, dp, bucket_bytes,
+                     sizes: ByteSizes, rows) -> dict:
+    """The data-parallel collective times of the rows `rows`, one call each: the gradient and
+    parameter halves of `dp_comm_times_s` (one reduce-scatter / all-gather of the stage),
+    the last bucket's, and the per-layer ones (`layer_collectives_s`). They depend on
+    (layers, stage_params, dp_local, dp, the bucket) only: `state_terms` evaluates them once
+    per distinct combination."""
+    layers, stage_params, dp_local, dp, bucket_bytes = (
+        x[rows] for x in (layers, stage_params, dp_local, dp, bucket_bytes))
+    grad = stage_params * sizes.grad_bytes
+
+    def half(size_bytes):  # one reduce-scatter (= all-gather time) over the dp group
+        return dp_collective_s(r, "reduce_scatter", size_bytes, dp_local, dp)
+
+    gather, reduce, prefetch = layer_collectives_s(r, layers, stage_params, dp_local, dp, sizes)
+    return dict(grad_half_s=half(grad), param_half_s=half(stage_params * sizes.param_bytes),
+                bucket_half_s=half(np.minimum(bucket_bytes, grad)), layer_gather_s=gather,
+                layer_reduce_s=reduce, prefetch=prefetch)
+
+
+def _stage_rows(layers, stage_params, stage_rows, shape) -> np.ndarray:
+    """Each row's index among the distinct (layers, stage_params) pairs: `stage_rows` when the
+    caller has it (the sweep's (tp, pp) table rows), else found here."""
+    if stage_rows is not None:
+        return np.broadcast_to(stage_rows, shape)
+    layers, stage_params = (np.broadcast_to(x, shape) for x in (layers, stage_params))
+    if layers.dtype.kind in "iu" and stage_params.dtype.kind in "iu":
+        return group_rows(layers, stage_params)[1]
+    pairs = np.stack((layers, stage_params), axis=1)
+    return np.unique(pairs, axis=0, return_inverse=True)[1].reshape(shape)
+
+
 def state_terms(r: Rates, cols: LayoutColumns, layers, stage_params, shard_params,
-                sizes: ByteSizes, fwd_mb_s, bwd_mb_s) -> dict:
+                sizes: ByteSizes, fwd_mb_s, bwd_mb_s, stage_rows=None) -> dict:
     """Data-parallel / ZeRO collectives, offload traffic and the optimizer step of each row,
     hidden behind the micro-batch windows of `compute_terms`; `layers`, `stage_params`,
-    `shard_params` as in `StageWork`. Every DP collective is a flat NCCL ring on the group's
-    real bandwidth per level (`dp_collective_s`); ZeRO-3 follows DeepSpeed's per-layer,
-    per-micro-batch schedule (`zero3_comm`)."""
+    `shard_params`, `stage_rows` as in `StageWork`. Every DP collective is a flat NCCL ring on
+    the group's real bandwidth per level (`dp_collective_s`); ZeRO-3 follows DeepSpeed's
+    per-layer, per-micro-batch schedule (`zero3_comm`)."""
     node, m = r.gpus_per_node, cols["grad_accum"]
     tp, dp, zero = cols["tp"], cols["dp"], cols["zero_stage"]
     opt_target, param_target = cols["offload_optimizer"], cols["offload_params"]
     grad_b, param_b = sizes.grad_bytes, sizes.param_bytes
     dp_local = np.minimum(np.maximum(node // tp, 1), dp)  # dp ranks sharing a node
-
-    def half(size_bytes):  # one reduce-scatter (= all-gather time) over the dp group
-        return dp_collective_s(r, "reduce_scatter", size_bytes, dp_local, dp)
-
     bucket = last_bucket_bytes(zero, grad_b, sizes.buffers.reduce_bucket_elements,
                                sizes.buffers.ddp_bucket_bytes)
-    dp_total, dp_exposed = dp_comm_times_s(
-        zero, m, half(stage_params * grad_b), half(stage_params * param_b),
-        half(np.minimum(bucket, stage_params * grad_b)), fwd_mb_s, bwd_mb_s, r.interference)
-    z3 = zero3_comm(r, layers, stage_params, dp_local, dp, m, sizes, fwd_mb_s, bwd_mb_s)
-    fsdp = fsdp2_comm(r, layers, stage_params, dp_local, dp, m, sizes, fwd_mb_s, bwd_mb_s,
-                      zero == 3)
+    shape = zero.shape
+    layers, stage_params, shard, dp_local, bucket, m, fwd_mb_s, bwd_mb_s = (
+        np.broadcast_to(x, shape) for x in (layers, stage_params, shard_params, dp_local, bucket,
+                                            m, fwd_mb_s, bwd_mb_s))
+    coll = on_distinct(lambda rows: collective_times(
+        r, layers, stage_params, dp_local, dp, bucket, sizes, rows),
+        _stage_rows(layers, stage_params, stage_rows, shape), dp_local, dp, zero)
+    layer_comm = (coll["layer_gather_s"], coll["layer_reduce_s"], coll["prefetch"])
+
+    def ddp_zero12(rows):
+        return dp_comm_times_s(zero[rows], m[rows], coll["grad_half_s"][rows],
+                               coll["param_half_s"][rows], coll["bucket_half_s"][rows],
+                               fwd_mb_s[rows], bwd_mb_s[rows], r.interference)
+
+    def sharded(comm, rows, *extra):  # zero3_comm / fsdp2_comm on the rows
+        t = comm(r, layers[rows], stage_params[rows], dp_local[rows], dp[rows], m[rows], sizes,
+                 fwd_mb_s[rows], bwd_mb_s[rows], *extra, tuple(c[rows] for c in layer_comm))
+        return t.total_s, t.exposed_s
+
     engine = cols["dp_engine"] if "dp_engine" in cols else np.zeros_like(zero)
-    dp_total = np.where(engine == 1, fsdp.total_s, np.where(zero == 3, z3.total_s, dp_total))
-    dp_exposed = np.where(engine == 1, fsdp.exposed_s,
-                          np.where(zero == 3, z3.exposed_s, dp_exposed))
-    offloaded, shard = opt_target > 0, shard_params
-    offload = (optimizer_offload_s(offloaded, shard, grad_b, param_b, param_target == 0,
-                                   r.pcie_bw, bwd_mb_s)
-               + nvme_optimizer_s(opt_target == 2, shard, sizes.optimizer_bytes, node,
-                                  r.nvme_read_bw, r.nvme_write_bw)
-               + param_offload_s(param_target, m, shard, param_b, node, r.pcie_bw,
-                                 r.nvme_read_bw, fwd_mb_s, bwd_mb_s))
-    cpu = cpu_adam_s(offloaded, shard, node, r.cpu_adam_params_per_s)
-    gpu_opt = gpu_optimizer_s(offloaded, shard, sizes.optimizer_bytes, grad_b, param_b, r.hbm_bw)
+    fsdp, z3 = engine == 1, (zero == 3) & (engine != 1)
+    dp_total, dp_exposed = piecewise(shape, 2, [
+        (~(fsdp | z3), ddp_zero12), (z3, lambda rows: sharded(zero3_comm, rows)),
+        (fsdp, lambda rows: sharded(fsdp2_comm, rows, zero[rows] == 3))])
+
+    def offloading(rows):  # rows with the optimizer or the parameters off the GPU
+        opt, par, sh, mb = opt_target[rows], param_target[rows], shard[rows], m[rows]
+        return (optimizer_offload_s(opt > 0, sh, grad_b, param_b, par == 0, r.pcie_bw,
+                                    bwd_mb_s[rows])
+                + nvme_optimizer_s(opt == 2, sh, sizes.optimizer_bytes, node, r.nvme_read_bw,
+                                   r.nvme_write_bw)
+                + param_offload_s(par, mb, sh, param_b, node, r.pcie_bw, r.nvme_read_bw,
+                                  fwd_mb_s[rows], bwd_mb_s[rows]),
+                cpu_adam_s(opt > 0, sh, node, r.cpu_adam_params_per_s))
+
+    offload, cpu = piecewise(shape, 2, [((opt_target > 0) | (param_target > 0), offloading)])
+    gpu_opt = gpu_optimizer_s(opt_target > 0, shard, sizes.optimizer_bytes, grad_b, param_b,
+                              r.hbm_bw)
     return dict(dp_comm_s=dp_total, dp_comm_exposed_s=dp_exposed, offload_s=offload,
                 cpu_optimizer_s=cpu, gpu_optimizer_s=gpu_opt)
 
@@ -501,7 +561,7 @@ def step_terms(r: Rates, cols: LayoutColumns, work: StageWork, sizes: ByteSizes)
     terms = compute_terms(r, cols, work)
     return _with_step(terms | state_terms(r, cols, work.layers, work.stage_params,
                                           work.shard_params, sizes, terms["fwd_mb_s"],
-                                          terms["bwd_mb_s"]))
+                                          terms["bwd_mb_s"], work.stage_rows))
 
 
 def _with_step(terms: dict) -> dict:
@@ -529,12 +589,12 @@ def tp_allreduces_per_layer(recompute) -> int:
 
 def stage_layers_and_params(model: ModelSpec, tp: int, pp: int, first: int | None = None,
                             last: int | None = None, ep: int = 1) -> tuple[int, int]:
-    """Layers and per-GPU parameters of the largest pipeline stage (params.stage_params;
+    """Layers and per-GPU parameters of the largest pipeline stage (params.stage_param_counts;
     `first` / `last`: uneven stage sizes; routed experts divided by `ep`, memory.experts)."""
-    stages = params.stage_params(model, tp, pp, first=first, last=last)
+    counts = params.stage_param_counts(model, tp, pp, first=first, last=last)
     routed = experts.stage_routed_params(model, tp, pp, first, last)
-    return (max(s.num_layers for s in stages),
-            max(experts.params_per_gpu(s.total, x, ep) for s, x in zip(stages, routed)))
+    return (max(c[0] for c in counts),
+            max(experts.params_per_gpu(sum(c[1:]), x, ep) for c, x in zip(counts, routed)))
 
 
 def zero_shard_params(stage_params, dp, zero):
@@ -551,6 +611,18 @@ def matmul_efficiency(model: ModelSpec, cluster: Cluster, setup: TrainSetup, lev
     GEMMs are taken at all T tokens of the micro-batch)."""
     if override is not None:
         return override
+    tp, micro_batch = np.broadcast_arrays(tp, micro_batch)
+    if tp.ndim != 1:
+        return block_matmul_efficiency(model, cluster, setup, level, micro_batch, tp, flash_attention)
+    # it depends on (tp, micro_batch) only: once per distinct pair, gathered back to every row
+    return on_distinct(lambda rows: {"eff": block_matmul_efficiency(
+        model, cluster, setup, level, micro_batch[rows], tp[rows], flash_attention)},
+        tp, micro_batch)["eff"]
+
+
+def block_matmul_efficiency(model: ModelSpec, cluster: Cluster, setup: TrainSetup, level,
+                            micro_batch, tp, flash_attention: bool):
+    """`matmul_efficiency` without the override, on every element of (tp, micro_batch)."""
     width = model.expert_ffn_size if model.is_moe else model.ffn_hidden_size
     fwd = gemm.forward_gemms(model.hidden_size, width, model.num_heads, model.kv_heads,
                              model.head_size, setup.seq_len, micro_batch, tp,
@@ -563,10 +635,13 @@ def matmul_efficiency(model: ModelSpec, cluster: Cluster, setup: TrainSetup, lev
 def step_columns(model: ModelSpec, cluster: Cluster, setup: TrainSetup, cols: LayoutColumns,
                  layers, stage_params, *, flash_attention: bool = False,
                  buffers: EngineBuffers = DEFAULT_BUFFERS,
-                 efficiency: float | None = None) -> dict[str, np.ndarray]:
+                 efficiency: float | None = None,
+                 stage_rows: np.ndarray | None = None) -> dict[str, np.ndarray]:
     """Every step term and rate of each layout row, float64 columns: `estimate_step` is its
     length-1 evaluation, the sweep evaluates all candidates. `layers`, `stage_params`: the
-    largest stage's layers and per-GPU parameters of each row (`stage_layers_and_params`).
+    largest stage's layers and per-GPU parameters of each row (`stage_layers_and_params`);
+    `stage_rows` optionally each row's index among the distinct (layers, stage_params) pairs
+    (the sweep's (tp, pp) table rows; found by `state_terms` when None).
     FLOPs come from planner.core.flops once per recompute mode present."""
     r = cluster_rates(cluster, setup, efficiency)
     rec = cols["recompute"]
@@ -598,7 +673,7 @@ def step_columns(model: ModelSpec, cluster: Cluster, setup: TrainSetup, cols: La
         recompute_flops=per_mode("recompute_flops") * per_gpu,
         efficiency=matmul_efficiency(model, cluster, setup, r.efficiency, b, cols["tp"],
                                      flash_attention, efficiency),
-        fill_stages=(model.num_layers - layers) / layers,
+        fill_stages=(model.num_layers - layers) / layers, stage_rows=stage_rows,
         ep_comm_s=expert.ep_comm_s(model, setup, cols, r))
     if prec.fp8_scaling is not None:  # fp8 GEMMs at the fp8 peak, casts (planner.timing.fp8)
         work = fp8_timing.fp8_work(work, model, cluster, setup, cols, r.efficiency,

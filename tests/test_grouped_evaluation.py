@@ -1,0 +1,151 @@
+"""The grouped evaluation (issue 9's sweep speed) against the one-row references.
+
+The sweep evaluates each quantity once per distinct combination of the columns it reads and
+gathers it back (`columns.on_distinct`), and the ZeRO-3 / FSDP2 / offload terms only on their
+rows (`columns.piecewise`). Each row must still be what `plan_memory` and `estimate_step` give
+for that layout alone. The rows here are shuffled, repeated and mixed (every recompute mode,
+uneven first/last stages, both data-parallel engines) so that a wrong key or a wrong gather
+shows; the references are the length-1 evaluations of each typed layout.
+"""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from planner.core.columns import LayoutColumns, group_rows, on_distinct, piecewise
+from planner.core.errors import PlanInputError
+from planner.core.params import layers_per_stage
+from planner.io import loading
+from planner.io.jobfile import make_setup
+from planner.memory import plan
+from planner.search import sweep
+from planner.timing import steptime
+
+# (model, (gpu, GPUs), seq_len, global batch, precision, optimizer, flash attention)
+CASES = [
+    ("gpt3-175b", ("a100-80gb", 1024), 2048, 1536, "megatron-fp16", "adam", True),
+    ("gpt3-13b", ("a100-80gb", 64), 2048, 512, "zero-fp16", "adam", False),
+    ("llama2-7b", ("a100-80gb", 32), 4096, 64, "zero-fp16", "adam-8bit", True),
+    ("mixtral-8x7b", ("a100-80gb", 64), 4096, 256, "zero-infinity-fp16", "adam", False),
+    ("llama3-8b", ("h100-sxm", 32), 8192, 96, "bf16-mixed", "adam", True),
+]
+
+
+def _load(case):
+    name, (gpu, gpus), seq, batch, prec, opt, flash = case
+    model = loading.load_model(name)
+    cluster = loading.cluster_for_gpus(gpu, gpus)
+    return model, cluster, make_setup(seq, batch, 1e12, prec, opt), sweep.Constraints(flash_attention=flash)
+
+
+def _check_step(cols: dict, i: int, est: steptime.StepEstimate, what) -> None:
+    for name, value in est.model_dump().items():
+        got = float(cols[name if name != "compute_efficiency" else "efficiency"][i])
+        assert got == pytest.approx(value, rel=1e-12, abs=1e-15), (name, what)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_shuffled_repeated_candidates_equal_the_one_row_references(case):
+    """`sweep.evaluate` over a shuffled sample in which every row appears twice: each row to
+    the byte against plan_memory and to 1e-12 against estimate_step."""
+    model, cluster, setup, c = _load(case)
+    cands = sweep.enumerate_candidates(model, cluster, setup, c)
+    rng = np.random.default_rng(9)
+    sample = rng.choice(len(cands), size=min(len(cands), 150), replace=False)
+    order = rng.permutation(np.concatenate([sample, sample]))
+    rows = cands.take(order)
+    cols = sweep.evaluate(model, cluster, setup, rows, c)
+    for i in range(0, len(order), 3):
+        layout = sweep.layout_at(rows, i, c)
+        mem = plan.plan_memory(model, cluster, layout, setup)
+        assert int(cols["gpu_peak_bytes"][i]) == max(s.total_bytes for s in mem.stages), layout
+        assert int(cols["headroom_bytes"][i]) == mem.peak_stage.headroom_bytes, layout
+        assert int(cols["node_cpu_bytes"][i]) == mem.node.cpu_bytes, layout
+        assert int(cols["node_nvme_bytes"][i]) == mem.node.nvme_bytes, layout
+        _check_step(cols, i, steptime.estimate_step(model, cluster, layout, setup), layout)
+    # a row and its repeat are the same figures
+    first = {int(j): k for k, j in enumerate(order)}
+    for k, j in enumerate(order):
+        for name in ("step_s", "gpu_peak_bytes", "dp_comm_exposed_s", "offload_s"):
+            assert cols[name][k] == cols[name][first[int(j)]]
+
+
+def _mixed_layouts(model, cands, c, n: int, seed: int):
+    """n layouts drawn from the sweep's candidates with every recompute mode (every_k with
+    k = 1..3) and, where the split is valid, uneven first / last stages."""
+    rnd = random.Random(seed)
+    out = []
+    for i in rnd.sample(range(len(cands)), n):
+        lay = sweep.layout_at(cands, i, c)
+        update: dict = {"recompute": rnd.choice(("none", "selective", "full", "every_k")),
+                        "recompute_every_k": rnd.choice((1, 2, 3))}
+        if lay.pp >= 3 and rnd.random() < 0.5:
+            base = model.num_layers // lay.pp
+            first, last = max(base - 1, 1), base + 1
+            try:
+                layers_per_stage(model.num_layers, lay.pp, first, last)
+                update |= {"first_stage_layers": first, "last_stage_layers": last}
+            except PlanInputError:
+                pass
+        out.append(lay.model_copy(update=update))
+    return out
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_step_columns_of_mixed_layouts_without_stage_rows(case):
+    """`step_columns` on many layouts at once, the stage groups found by step_columns itself
+    (no `stage_rows`), equals `estimate_step` of each layout alone."""
+    model, cluster, setup, c = _load(case)
+    cands = sweep.enumerate_candidates(model, cluster, setup, c)
+    layouts = _mixed_layouts(model, cands, c, 80, seed=len(case[0]))
+    shapes = [steptime.stage_layers_and_params(model, lay.tp, lay.pp, lay.first_stage_layers,
+                                               lay.last_stage_layers, lay.ep) for lay in layouts]
+    cols = steptime.step_columns(
+        model, cluster, setup, LayoutColumns.from_layouts(layouts),
+        np.array([s[0] for s in shapes]), np.array([s[1] for s in shapes]),
+        flash_attention=c.flash_attention)
+    for i, lay in enumerate(layouts):
+        _check_step(cols, i, steptime.estimate_step(model, cluster, lay, setup), lay)
+
+
+def test_matmul_efficiency_grouped_equals_every_row():
+    """Per distinct (tp, micro_batch) and gathered, or on every row: the same efficiencies."""
+    model, cluster, setup, _ = _load(CASES[0])
+    rng = np.random.default_rng(2)
+    tp = rng.choice([1, 2, 4, 8], size=500)
+    b = rng.choice([1, 2, 4, 16], size=500)
+    level = cluster.gpu.achieved_efficiency
+    grouped = steptime.matmul_efficiency(model, cluster, setup, level, b, tp, True)
+    each = steptime.block_matmul_efficiency(model, cluster, setup, level, b, tp, True)
+    np.testing.assert_array_equal(grouped, each)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 400), st.lists(st.sampled_from([1, 2, 7, 300, 10**6, 2**40]),
+                                     min_size=1, max_size=7), st.integers(0, 2**32 - 1))
+def test_group_rows_equals_numpy_unique(n, ranges, seed):
+    """Narrow, wide and very wide key columns: np.unique(axis=0)'s rows and inverse."""
+    rng = np.random.default_rng(seed)
+    keys = [rng.integers(0, r, size=n) for r in ranges]
+    uniq, inverse = group_rows(*keys)
+    want, want_inverse = np.unique(np.stack(keys, axis=1), axis=0, return_inverse=True)
+    np.testing.assert_array_equal(uniq, want)
+    np.testing.assert_array_equal(inverse, want_inverse.reshape(-1))
+
+
+def test_on_distinct_and_piecewise_equal_the_direct_evaluation():
+    rng = np.random.default_rng(5)
+    a, b = rng.integers(0, 5, 1000), rng.integers(0, 3, 1000)
+    x = rng.random(1000)
+    got = on_distinct(lambda rows: {"f": a[rows] * 10.0 + b[rows], "k": 2.0}, a, b)
+    np.testing.assert_array_equal(got["f"], a * 10.0 + b)
+    np.testing.assert_array_equal(got["k"], np.full(1000, 2.0))
+    one, two = piecewise(x.shape, 2, [(a == 0, lambda rows: (x[rows] * 2, x[rows] + 1)),
+                                      (a == 3, lambda rows: (x[rows] * 3, 7.0))])
+    np.testing.assert_array_equal(one, np.where(a == 0, x * 2, np.where(a == 3, x * 3, 0.0)))
+    np.testing.assert_array_equal(two, np.where(a == 0, x + 1, np.where(a == 3, 7.0, 0.0)))
