@@ -2,27 +2,42 @@
 `zplan check JOB` and `zplan fit` with a layout).
 
 Runs the console script next to this interpreter (the venv's `zplan`, as a user types it) several
-times per command, output discarded, and prints the minimum and the median wall-clock seconds; the
-interpreter's own start-up (`python -c pass`) is printed as the floor. Wall-clock figures depend on
-the machine and its load: compare them on one machine, and prefer the minimum.
+times per command, output discarded, and prints the minimum and the median wall-clock seconds and
+the minimum CPU seconds (user + system of the process and its threads: less sensitive to other
+jobs on the machine than wall-clock, which depends on the machine and its load; compare figures
+on one machine, and prefer the minimum).
 
-    python benchmarks/cli_latency.py [--runs 7]
+Floors printed with them: the interpreter's own start-up (`python -c pass`) and the imports the
+planner cannot do without: numpy (the array model), pydantic (the typed inputs), PyYAML and typer.
+
+Python's compiled-bytecode cache is on for the runs, as for an installed package (pip writes
+it at install time): the children get PYTHONPYCACHEPREFIX, a temporary directory, so the source
+tree stays clean, and PYTHONDONTWRITEBYTECODE is removed from their environment if set (with it
+every run compiled the planner's ~40 modules again, ~0.1 s). The untimed warm-up run fills the
+cache. `--no-bytecode-cache` measures the other case.
+
+    python benchmarks/cli_latency.py [--runs 7] [--no-bytecode-cache]
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 ZPLAN = Path(sys.executable).with_name("zplan")
+PYTHON = sys.executable
 
 COMMANDS = {
-    "python -c pass (floor)": [sys.executable, "-c", "pass"],
+    "python -c pass (floor)": [PYTHON, "-c", "pass"],
+    "import numpy, pydantic.BaseModel": [PYTHON, "-c", "import numpy; from pydantic import BaseModel"],
+    "  + yaml, typer (floor of fit/check)": [PYTHON, "-c", "import numpy, yaml, typer; from pydantic import BaseModel"],
     "zplan --help": [str(ZPLAN), "--help"],
     "zplan check examples/job.yaml": [str(ZPLAN), "check", str(ROOT / "examples" / "job.yaml")],
     "zplan fit (layout given)": [str(ZPLAN), "fit", "--model", "gpt3-175b", "--cluster", "dgx2x32", "--tp", "8",
@@ -31,27 +46,52 @@ COMMANDS = {
 }
 
 
-def seconds(argv: list[str], runs: int) -> list[float]:
-    """Wall-clock seconds of `runs` runs (one untimed warm-up fills the OS file cache)."""
-    subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
-    out = []
-    for _ in range(runs):
-        start = time.perf_counter()
-        subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
-        out.append(time.perf_counter() - start)
-    return out
+def run_once(argv: list[str], env: dict[str, str]) -> tuple[float, float]:
+    """(wall-clock seconds, CPU seconds) of one run, output discarded."""
+    start = time.perf_counter()
+    child = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    _, _, usage = os.wait4(child.pid, 0)
+    return time.perf_counter() - start, usage.ru_utime + usage.ru_stime
+
+
+def measure(argv: list[str], runs: int, env: dict[str, str]) -> tuple[list[float], list[float]]:
+    """Wall-clock and CPU seconds of `runs` runs after one untimed warm-up (file and bytecode caches)."""
+    run_once(argv, env)
+    pairs = [run_once(argv, env) for _ in range(runs)]
+    return [wall for wall, _ in pairs], [cpu for _, cpu in pairs]
+
+
+def child_env(cache_dir: str | None) -> dict[str, str]:
+    """The environment of the runs: the bytecode cache in `cache_dir`; when None, none written
+    (modules without a `__pycache__` next to them, the planner's in a source checkout, are
+    compiled on every run)."""
+    env = dict(os.environ)
+    if cache_dir is None:
+        env["PYTHONDONTWRITEBYTECODE"] = "1"
+        env.pop("PYTHONPYCACHEPREFIX", None)
+    else:
+        env.pop("PYTHONDONTWRITEBYTECODE", None)
+        env["PYTHONPYCACHEPREFIX"] = cache_dir
+    return env
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=7)
+    parser.add_argument("--no-bytecode-cache", action="store_true",
+                        help="every run compiles the modules from source (PYTHONDONTWRITEBYTECODE)")
     args = parser.parse_args()
     if not ZPLAN.is_file():
         sys.exit(f"no installed zplan next to {sys.executable}; pip install -e . first")
-    print(f"{'command':36} {'min s':>7} {'median s':>9}   ({args.runs} runs each)")
-    for name, argv in COMMANDS.items():
-        times = seconds(argv, args.runs)
-        print(f"{name:36} {min(times):7.3f} {statistics.median(times):9.3f}")
+    with tempfile.TemporaryDirectory(prefix="zplan-pycache-") as cache_dir:
+        env = child_env(None if args.no_bytecode_cache else cache_dir)
+        load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+        cache = "off" if args.no_bytecode_cache else "on"
+        print(f"{args.runs} runs each, bytecode cache {cache}, load average {load:.1f}, {os.cpu_count()} cores")
+        print(f"{'command':38} {'min s':>7} {'median s':>9} {'min CPU s':>10}")
+        for name, argv in COMMANDS.items():
+            walls, cpus = measure(argv, args.runs, env)
+            print(f"{name:38} {min(walls):7.3f} {statistics.median(walls):9.3f} {min(cpus):10.3f}")
 
 
 if __name__ == "__main__":

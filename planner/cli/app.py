@@ -27,6 +27,7 @@ except ImportError:  # pragma: no cover - depends on the installed typer
 
 click_exceptions = click.exceptions
 
+from planner.cli.coerce import fast_params
 from planner.cli.commands._common import (
     EXIT_BAD_INPUT,
     EXIT_INTERNAL,
@@ -79,7 +80,7 @@ def load_command(name: str) -> Any:
     built = typer.main.get_command(holder)
     command = built.commands[name] if isinstance(built, TyperGroup) else built
     command.short_help = COMMANDS[name].short_help
-    return command
+    return fast_params(command)
 
 
 class _LazyGroup(TyperGroup):
@@ -94,6 +95,10 @@ class _LazyGroup(TyperGroup):
                 return TyperCommand(name=cmd_name, short_help=COMMANDS[cmd_name].short_help)
             return load_command(cmd_name)
         return super().get_command(ctx, cmd_name)
+
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        fast_params(self)  # the root options (--debug, completion) convert without pydantic too
+        return super().parse_args(ctx, args)
 
     def format_help(self, ctx: Any, formatter: Any) -> None:
         self._listing = True

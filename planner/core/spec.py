@@ -16,6 +16,8 @@ from typing import Literal, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
+from planner.core.field_docs import describe_fields
+
 GIB = 1024**3
 MIB = 1024**2
 KIB = 1024
@@ -36,9 +38,10 @@ TempoTechnique = Literal["gelu", "layernorm", "dropout"]
 
 
 class Frozen(BaseModel):
-    """Base: frozen, unknown keys rejected, docstrings become field descriptions."""
+    """Base: frozen, unknown keys rejected, docstrings become field descriptions (in the JSON
+    Schemas; read when a schema is built, not at import: planner/core/field_docs.py)."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True,
+    model_config = ConfigDict(frozen=True, extra="forbid", json_schema_extra=describe_fields,
                               defer_build=True)
 
     @field_validator("*", mode="before")

@@ -9,13 +9,13 @@ from __future__ import annotations
 import json
 import os
 import sys
-from typing import Any
-
-from rich import box
-from rich.console import Console
-from rich.table import Table
+from typing import TYPE_CHECKING, Any
 
 from planner.core.spec import GIB
+
+if TYPE_CHECKING:  # rich is imported by the functions that draw: `zplan check` prints one line
+    from rich.console import Console
+    from rich.table import Table
 
 JSON_SCHEMA_VERSION = 1
 """Bumped when a `--json` field is renamed or removed (adding fields keeps the version)."""
@@ -27,6 +27,8 @@ a wider terminal (or COLUMNS) gets wider tables."""
 
 def human_console() -> Console:
     """The console for results people read: stdout (`zplan fit > plan.txt`, `| less`)."""
+    from rich.console import Console
+
     console = Console(highlight=False, soft_wrap=False)
     if not console.is_terminal and "COLUMNS" not in os.environ:
         console = Console(highlight=False, soft_wrap=False, width=PIPE_WIDTH)
@@ -35,6 +37,8 @@ def human_console() -> Console:
 
 def progress_console() -> Console:
     """The console for progress bars and diagnostics: stderr, so stdout holds only results."""
+    from rich.console import Console
+
     return Console(stderr=True, highlight=False, soft_wrap=False)
 
 
@@ -70,6 +74,9 @@ def fmt_seconds(seconds: float) -> str:
 def table(title: str, **kwargs: Any) -> Table:
     """A table with a header rule and two spaces between columns (no side borders), so the
     widest report fits 100 columns."""
+    from rich import box
+    from rich.table import Table
+
     return Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, show_edge=False,
                  pad_edge=False, padding=(0, 1, 0, 0), collapse_padding=True, **kwargs)
 

@@ -1,0 +1,62 @@
+"""The command line imports a command's module only when that command runs (issue 9, command
+latency): `zplan --help` lists every command from the static table `planner.cli.app.COMMANDS`,
+which must name exactly the commands the modules register; and what a command does not need is not
+imported (checked on `sys.modules` after the run: a module list, not a clock)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import typer
+
+from conftest import PACKAGE_PARENT
+
+JOB = Path(__file__).resolve().parents[1] / "examples" / "job.yaml"
+COMMANDS_DIR = Path(__file__).resolve().parents[1] / "planner" / "cli" / "commands"
+
+
+def test_the_static_command_table_names_exactly_the_registered_commands():
+    import importlib
+
+    from planner.cli.app import COMMANDS
+
+    registered: dict[str, str] = {}
+    for path in sorted(COMMANDS_DIR.glob("*_cmd.py")):
+        module_name = f"planner.cli.commands.{path.stem}"
+        holder = typer.Typer()
+        importlib.import_module(module_name).register(holder)
+        group = typer.main.get_group(holder)
+        registered.update({name: module_name for name in group.commands})
+    assert registered == {name: command.module for name, command in COMMANDS.items()}
+
+
+def _modules_after(argv: list[str]) -> tuple[int, set[str]]:
+    """Exit code and the top-level modules imported by `zplan ARGV`, run in a fresh interpreter."""
+    code = ("import json, sys\n"
+            "from planner.cli.app import main\n"
+            "try:\n"
+            f"    main({argv!r})\n"
+            "except SystemExit as exit:\n"
+            "    status = exit.code\n"
+            "sys.__stderr__.write(json.dumps([status, sorted({m.split('.')[0] for m in sys.modules})]))\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                          cwd=PACKAGE_PARENT, env={"PATH": "", "COLUMNS": "100", "PYTHONPATH": str(PACKAGE_PARENT)})
+    status, modules = json.loads(proc.stderr.strip().splitlines()[-1])
+    return status, set(modules)
+
+
+@pytest.mark.cli
+@pytest.mark.parametrize("argv, absent", [
+    (["--help"], {"numpy", "pydantic", "rich", "yaml", "torch", "matplotlib"}),
+    (["fit", "--help"], {"numpy", "pydantic", "rich", "yaml", "torch", "matplotlib"}),
+    (["check", str(JOB)], {"rich", "torch", "matplotlib", "transformers"}),
+    (["fit", "--model", "gpt2", "--cluster", "dgx2", "--tp", "1"], {"torch", "matplotlib", "transformers"}),
+], ids=["help", "fit-help", "check", "fit"])
+def test_a_command_imports_only_what_it_needs(argv, absent):
+    status, modules = _modules_after(argv)
+    assert status in (0, 1)
+    assert not modules & absent, modules & absent
