@@ -10,7 +10,9 @@ global_batch / (micro_batch*dp). Every combination is masked with the layout rul
 needs m divisible by pp, offload needs ZeRO, NVMe needs ZeRO-3 and a node with NVMe capacity and
 bandwidth, ...), the table whose one-line errors fit and check print; `SweepResult.excluded`
 names the rules that removed combinations. One search rule on top: with dp = 1, ZeRO >= 1 is
-kept only with offload (otherwise it equals ZeRO-0).
+kept only with offload (otherwise it equals ZeRO-0); ZeRO shards over dp x cp ranks, so this
+reads dp·cp = 1. Context parallelism: cp divides GPUs / (tp·pp), 2·cp divides seq_len, both
+comm types (p2p ring, a2a) where the rule table allows them.
 
 Evaluation (`evaluate`) runs the one model over the candidate columns (`LayoutColumns`): model
 states and buffers (`model_states.state_parts` / `buffer_parts`), activations
@@ -38,8 +40,9 @@ from planner.core import params
 from planner.timing import steptime
 from planner.core.errors import PlanInputError
 from planner.core import rules
-from planner.core.columns import (DP_ENGINES, OFFLOAD_TARGETS, LayoutColumns, group_rows,
-                                  representatives)
+from planner.core.columns import (CP_COMM_TYPES, DP_ENGINES, OFFLOAD_TARGETS, LayoutColumns,
+                                  group_rows, representatives)
+from planner.memory.context import cp_working_bytes, local_seq_len
 from planner.core.spec import (
     GIB, Cluster, EngineBuffers, Frozen, Layout, ModelSpec, OffloadTarget, TrainSetup)
 
@@ -61,6 +64,11 @@ class Constraints(Frozen):
     offload_params: tuple[OffloadTarget, ...] | None = None
     dp_engine: tuple[str, ...] | None = None
     """`Layout.dp_engine` values to search (deepspeed, fsdp2); None: both."""
+    cp: tuple[int, ...] | None = None
+    """Context-parallel degrees to search; None: every cp dividing GPUs / (tp·pp) that the rule
+    table allows (2·cp divides seq_len; flash attention; implementation megatron)."""
+    cp_comm_type: tuple[str, ...] | None = None
+    """`Layout.cp_comm_type` values to search for cp > 1 (p2p, a2a); None: both."""
     recompute: tuple[str, ...] | None = None
     sequence_parallel: tuple[bool, ...] | None = None
     micro_batch: tuple[int, ...] | None = None
@@ -95,25 +103,41 @@ def _tp_ok(model: ModelSpec, cluster: Cluster, setup: TrainSetup, tps: list[int]
     return ok
 
 
+def cp_options(setup: TrainSetup, c: Constraints, ranks: int) -> list[tuple[int, int]]:
+    """(cp, cp_comm_type code) pairs for `ranks` = GPUs / (tp·pp): cp = 1 (p2p), and every cp > 1
+    dividing `ranks` whose 2·cp divides seq_len, with each allowed comm type, when the
+    candidates run fused attention (Layout: cp needs flash attention)."""
+    out = [(1, 0)] if _allowed(1, c.cp) else []
+    if not c.flash_attention:
+        return out
+    for cp in _divisors(ranks)[1:]:
+        if _allowed(cp, c.cp) and setup.seq_len % (2 * cp) == 0:
+            out += [(cp, code) for code, name in enumerate(CP_COMM_TYPES)
+                    if _allowed(name, c.cp_comm_type)]
+    return out
+
+
 def structures(model: ModelSpec, cluster: Cluster, setup: TrainSetup,
-               c: Constraints) -> list[tuple[int, int, int, int]]:
-    """Every (tp, pp, dp, v) the constraints allow, tp dividing the GPUs and the rule table's
-    tp rule, pp dividing the layers (even stages), dp = GPUs / (tp·pp) dividing the global
-    batch, v dividing the layers per stage. The rule table checks them again (`enumerate`)."""
+               c: Constraints) -> list[tuple[int, int, int, int, int, int]]:
+    """Every (tp, pp, dp, v, cp, cp_comm_type) the constraints allow, tp dividing the GPUs and
+    the rule table's tp rule, pp dividing the layers (even stages), cp from `cp_options`,
+    dp = GPUs / (tp·cp·pp) dividing the global batch, v dividing the layers per stage. The rule
+    table checks them again (`enumerate`)."""
     n, node = cluster.num_gpus, cluster.node.gpus_per_node
     tps = [t for t in _divisors(n) if _allowed(t, c.tp) and t <= (c.max_tp or n)
            and (t <= node or c.allow_cross_node_tp)]
     out = []
     for tp in (t for t, ok in zip(tps, _tp_ok(model, cluster, setup, tps)) if ok):
         for pp in _divisors(n // tp):
-            dp = n // (tp * pp)
             if model.num_layers % pp or not _allowed(pp, c.pp) or pp > (c.max_pp or n):
                 continue
-            if setup.global_batch % dp or not _allowed(dp, c.dp):
-                continue
-            for v in _divisors(model.num_layers // pp) if pp > 1 else [1]:
-                if _allowed(v, c.virtual_stages) and v <= (c.max_virtual_stages or v):
-                    out.append((tp, pp, dp, v))
+            for cp, comm in cp_options(setup, c, n // (tp * pp)):
+                dp = n // (tp * pp * cp)
+                if setup.global_batch % dp or not _allowed(dp, c.dp):
+                    continue
+                for v in _divisors(model.num_layers // pp) if pp > 1 else [1]:
+                    if _allowed(v, c.virtual_stages) and v <= (c.max_virtual_stages or v):
+                        out.append((tp, pp, dp, v, cp, comm))
     return out
 
 
@@ -154,12 +178,13 @@ def enumerate_layouts(model: ModelSpec, cluster: Cluster, setup: TrainSetup,
     needs tp > 1 dividing seq_len). One search rule on top: ZeRO over one dp rank is DDP unless
     it offloads, so it is not enumerated twice."""
     ctx = rules.Context(model, cluster, setup)
-    struct = _ints(structures(model, cluster, setup, c)).reshape(-1, 4)
+    struct = _ints(structures(model, cluster, setup, c)).reshape(-1, 6)
     micro = _ints(micro_batch_options(setup, c))
     s_idx, b_idx = (a.ravel() for a in np.indices((len(struct), len(micro)), dtype=np.int64))
     dp_s, b_s = struct[s_idx, 2], micro[b_idx]
     pairs = LayoutColumns(dict(tp=struct[s_idx, 0], pp=struct[s_idx, 1], dp=dp_s,
-                               virtual_stages=struct[s_idx, 3], micro_batch=b_s,
+                               virtual_stages=struct[s_idx, 3], cp=struct[s_idx, 4],
+                               cp_comm_type=struct[s_idx, 5], micro_batch=b_s,
                                grad_accum=setup.global_batch // (dp_s * b_s)))
     ok, rejected = rules.mask(ctx, pairs)
     pairs = pairs.take(ok)
@@ -172,11 +197,12 @@ def enumerate_layouts(model: ModelSpec, cluster: Cluster, setup: TrainSetup,
     # the product (pairs x states x recompute x sp, in this nesting order); the rules that read
     # sequence_parallel and the DDP-equivalence pruning are marked on it before any column
     sp_cols = LayoutColumns(dict(tp=np.repeat(pairs["tp"], len(seq_par)),
+                                 cp=np.repeat(pairs["cp"], len(seq_par)),
                                  sequence_parallel=np.tile(seq_par, len(pairs))))
     sp_ok, sp_rejected = rules.mask(ctx, sp_cols)
     rejected |= sp_rejected
     sp_ok = sp_ok.reshape(len(pairs), len(seq_par))
-    zero_ok = (pairs["dp"] > 1)[:, None] | (states[:, 0] == 0) | (states[:, 1] > 0) | (states[:, 2] > 0)
+    zero_ok = (pairs["dp"] * pairs["cp"] > 1)[:, None] | (states[:, 0] == 0) | (states[:, 1] > 0) | (states[:, 2] > 0)
     shape = (len(pairs), len(states), len(recompute), len(seq_par))
     keep = np.broadcast_to(zero_ok[:, :, None, None] & sp_ok[:, None, None, :], shape)
     pair, state, r, s = np.nonzero(keep)  # in C order: the enumeration order
@@ -260,7 +286,7 @@ def hf_activation_column(model: ModelSpec, setup: TrainSetup, rec, b) -> np.ndar
 
 
 def activation_table(model: ModelSpec, setup: TrainSetup, tp: int, rec: int, sp: bool,
-                     flash: bool) -> tuple[int, int, int, int]:
+                     flash: bool, cp: int = 1, cp_comm: int = 0) -> tuple[int, int, int, int]:
     """(one block kept, first extras, last extras, recompute working) bytes at micro_batch = 1
     from the activations module. Every entry is linear in the micro-batch (b multiplies each
     product) and a chunk of n blocks keeps n x one block (`layers_kept_bytes` without every_k).
@@ -272,13 +298,15 @@ def activation_table(model: ModelSpec, setup: TrainSetup, tp: int, rec: int, sp:
         block, outside, working = implementations.hf_activation_bytes(
             model, setup, RECOMPUTE_MODES[rec], 1)
         return block, outside, 0, working
-    lay = Layout(tp=tp, recompute=RECOMPUTE_MODES[rec], sequence_parallel=sp, flash_attention=flash)
-    s, e = setup.seq_len, setup.precision.activation_bytes
+    lay = Layout(tp=tp, recompute=RECOMPUTE_MODES[rec], sequence_parallel=sp, flash_attention=flash,
+                 cp=cp, cp_comm_type=CP_COMM_TYPES[cp_comm])
+    s, e = local_seq_len(setup.seq_len, cp), setup.precision.activation_bytes
     return (
         activations.layers_kept_bytes(model, lay, s, 1, e, 1),
         sum(activations.first_stage_extra_bytes(model, lay, s, 1, e).values()),
         sum(activations.last_stage_extra_bytes(model, lay, s, 1, e).values()),
-        activations.recompute_working_bytes(model, lay, s, 1, e, 1),
+        activations.recompute_working_bytes(model, lay, s, 1, e, 1)
+        + cp_working_bytes(model, lay, setup.seq_len, 1, e),
     )
 
 
@@ -383,9 +411,11 @@ def evaluate(model: ModelSpec, cluster: Cluster, setup: TrainSetup, cands: dict[
     tables = {name: np.array([s[name] for s in stage], dtype=np.int64).reshape(-1, 3)
               for name in STAGE_FIELDS}  # (tp, pp) rows x (first, middle, last stage)
 
-    akeys, ainv = _group(tp, rec, sp)
-    act = np.array([activation_table(model, setup, t, r, bool(s), c.flash_attention)
-                    for t, r, s in akeys.tolist()], dtype=np.float64).reshape(-1, 4)
+    cp = cands["cp"] if "cp" in cands else np.ones_like(tp)
+    comm = cands["cp_comm_type"] if "cp_comm_type" in cands else np.zeros_like(tp)
+    akeys, ainv = _group(tp, rec, sp, cp, comm)
+    act = np.array([activation_table(model, setup, t, r, bool(s), c.flash_attention, k, comm)
+                    for t, r, s, k, comm in akeys.tolist()], dtype=np.float64).reshape(-1, 4)
     block, first_x, last_x, working = (act[:, k][ainv] for k in range(4))
     chunk = block * (model.num_layers // (pp * vs))  # blocks per model chunk (pp | layers)
     kept_f, kept_l = kept_activation_bytes_b1(cands, chunk, first_x, last_x)
@@ -397,7 +427,7 @@ def evaluate(model: ModelSpec, cluster: Cluster, setup: TrainSetup, cands: dict[
         gpu_first = gpu_last = states_first + hf_activation_column(model, setup, rec, b)
     peak = np.maximum(gpu_first, gpu_last)
     capacity = cluster.gpu.memory_bytes - reserve_column(
-        cluster.gpu, setup.reserve_gib, cands["tp"], cands["pp"], cands["dp"])
+        cluster.gpu, setup.reserve_gib, cands["tp"], cands["pp"], cands["dp"], cp)
     out = dict(gpu_peak_bytes=peak, peak_stage=np.where(gpu_last > gpu_first, pp, 1),
                headroom_bytes=capacity - peak, node_cpu_bytes=node_cpu, node_nvme_bytes=node_nvme)
     out |= steptime.step_columns(model, cluster, setup, cands, tables["max_layers"][inv, 0],

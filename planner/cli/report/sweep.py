@@ -15,7 +15,8 @@ from planner.search.sweep import SweepResult, SweepRow
 
 
 def layout_label(row: SweepRow) -> str:
-    """Short description of the non-default choices: `z3 off=cpu/- rc=sel sp`."""
+    """Short description of the non-default choices: `z3 off=cpu/- rc=sel sp ring` (ring / a2a:
+    the context-parallel comm type when cp > 1)."""
     lay = row.layout
     parts = [f"z{lay.zero_stage}" + (" fsdp2" if lay.dp_engine == "fsdp2" else "")]
     if lay.offload_optimizer != "none" or lay.offload_params != "none":
@@ -25,12 +26,14 @@ def layout_label(row: SweepRow) -> str:
         parts.append(f"rc={lay.recompute[:3]}")
     if lay.sequence_parallel:
         parts.append("sp")
+    if lay.cp > 1:
+        parts.append("ring" if lay.cp_comm_type == "p2p" else "a2a")
     return " ".join(parts)
 
 
 def _layout_cells(row: SweepRow) -> list[str]:
     lay = row.layout
-    return [str(lay.tp), str(lay.pp), str(lay.dp), str(lay.virtual_stages), layout_label(row),
+    return [str(lay.tp), str(lay.pp), str(lay.dp), str(lay.cp), str(lay.virtual_stages), layout_label(row),
             str(lay.micro_batch), str(lay.grad_accum)]
 
 
@@ -39,7 +42,7 @@ def ranked_table(result: SweepResult) -> Table:
     table = new_table(f"{result.model} on {result.cluster}: {result.num_gpus} GPUs, "
                         f"best {len(result.top)} of {result.fitting} fitting "
                         f"({result.evaluated} evaluated), by {result.sort}")
-    for name in ("#", "tp", "pp", "dp", "v", "states", "mb", "ga", "step", "tok/s", "MFU",
+    for name in ("#", "tp", "pp", "dp", "cp", "v", "states", "mb", "ga", "step", "tok/s", "MFU",
                  "days", "GPU-h", "peak GiB", "free GiB"):
         table.add_column(name, justify="left" if name == "states" else "right")
     for rank, row in enumerate(result.top, start=1):
@@ -65,7 +68,7 @@ def breakdown_table(row: SweepRow) -> Table:
     table.add_column("term")
     table.add_column("seconds", justify="right")
     table.add_column("share", justify="right")
-    for name in ("compute_s", "recompute_s", "memory_bound_s", "tp_comm_s", "pp_comm_s",
+    for name in ("compute_s", "recompute_s", "memory_bound_s", "tp_comm_s", "cp_comm_s", "pp_comm_s",
                  "bubble_s", "dp_comm_exposed_s", "offload_s", "cpu_optimizer_s",
                  "gpu_optimizer_s"):
         value = getattr(est, name)
@@ -77,7 +80,7 @@ def breakdown_table(row: SweepRow) -> Table:
 def rejected_table(result: SweepResult) -> Table:
     """The fastest layouts that do not fit, and why."""
     table = new_table(f"fastest rejected layouts ({result.evaluated - result.fitting} rejected)")
-    for name in ("tp", "pp", "dp", "v", "states", "mb", "ga", "step", "rejected because"):
+    for name in ("tp", "pp", "dp", "cp", "v", "states", "mb", "ga", "step", "rejected because"):
         table.add_column(name, justify="left" if name in ("states", "rejected because") else "right")
     for row in result.rejected:
         table.add_row(*_layout_cells(row), fmt_seconds(row.estimate.step_s), row.reason)
@@ -87,13 +90,13 @@ def rejected_table(result: SweepResult) -> Table:
 def scaling_table(results: list[SweepResult]) -> Table:
     """Best layout per GPU count; scaling efficiency = tokens/s per GPU vs the first count."""
     table = new_table("scaling: best layout per GPU count")
-    for name in ("GPUs", "tp", "pp", "dp", "v", "states", "mb", "ga", "step", "tokens/s", "MFU",
+    for name in ("GPUs", "tp", "pp", "dp", "cp", "v", "states", "mb", "ga", "step", "tokens/s", "MFU",
                  "days", "scaling eff."):
         table.add_column(name, justify="left" if name == "states" else "right")
     base = None
     for result in results:
         if not result.top:
-            table.add_row(str(result.num_gpus), *["-"] * 11, "no fit")
+            table.add_row(str(result.num_gpus), *["-"] * 12, "no fit")
             continue
         row = result.top[0]
         per_gpu = row.estimate.tokens_per_s / result.num_gpus
