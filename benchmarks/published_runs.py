@@ -283,15 +283,13 @@ def data_row_error(run: PublicRun, level: float | None = None
     ceil(batch / (b·dp)) micro-batches and throughput is counted over that batch."""
     if run.model is None or run.global_batch is None or run.micro_batch is None:
         return None, None, "model dimensions or batch not transcribed"
-    if run.cp > 1:
-        return None, None, "context parallelism is not modelled"
     first, last = UNEVEN_STAGES.get(run.name, (None, None))
     m = math.ceil(run.global_batch / (run.micro_batch * run.dp))
     batch = m * run.micro_batch * run.dp
     note = "" if batch == run.global_batch else f"batch {batch} (m={m})"
     model = _data_model(run)
     recompute = "selective" if run.recompute == "unknown" else run.recompute
-    layout = Layout(tp=run.tp, pp=run.pp, dp=run.dp, zero_stage=data_zero_stage(run),
+    layout = Layout(tp=run.tp, pp=run.pp, dp=run.dp, cp=run.cp, zero_stage=data_zero_stage(run),
                     recompute=recompute, micro_batch=run.micro_batch, grad_accum=m,
                     first_stage_layers=first, last_stage_layers=last,
                     sequence_parallel=run.model.num_kv_heads is not None and run.tp > 1,

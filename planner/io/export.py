@@ -34,7 +34,7 @@ def _format_text(fmt: Format, model: ModelSpec, cluster: Cluster, layout: Layout
     if fmt in ("deepspeed", "megatron") and layout.dp_engine == "fsdp2":
         raise PlanInputError("dp_engine", f"dp_engine=fsdp2 cannot be written as --format {fmt}; "
                                           "use --format accelerate-fsdp (FSDP2)")
-    if fmt in ("deepspeed", "accelerate-fsdp") and layout.cp > 1:
+    if fmt == "accelerate-fsdp" and layout.cp > 1:
         raise PlanInputError("cp", f"cp={layout.cp}: the {fmt} writer has no context-parallel "
                                    "setting yet; use --format megatron (--context-parallel-size)")
     if fmt == "deepspeed":
@@ -61,7 +61,7 @@ def search_constraints(fmt: Format) -> Constraints:
 
     if fmt == "deepspeed":
         return Constraints(recompute=("none", "full"), virtual_stages=(1,), sequence_parallel=(False,),
-                           dp_engine=("deepspeed",), cp=(1,))
+                           dp_engine=("deepspeed",), cp_comm_type=("a2a",))
     if fmt == "megatron":
         return Constraints(zero_stage=(0, 1), offload_optimizer=("none",), offload_params=("none",),
                            dp_engine=("deepspeed",))
