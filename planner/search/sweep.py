@@ -495,6 +495,10 @@ class SweepResult(Frozen):
     product with the other dimensions)."""
     empty_reason: str = ""
     """Why nothing fits, or why nothing was enumerated; empty when `top` is not."""
+    best_without_cp: SweepRow | None = None
+    """When the first ranked layout splits sequences (cp > 1): the best-ranked fitting layout
+    with cp = 1, what context parallelism is compared against (recompute, offload, tp); None
+    otherwise or when no cp = 1 layout fits."""
     seconds: float = 0.0
 
 
@@ -662,6 +666,10 @@ def sweep(model: ModelSpec, cluster: Cluster, setup: TrainSetup, constraints: Co
     ranked = rank_order(cols, np.nonzero(fits)[0], sort, top * 9)
     good = collapse_variants(cands, cols, ranked, top)
     bad = rank_order(cols, np.nonzero(~fits)[0], "step-time", rejected)
+    without_cp = None
+    if good and int(cands["cp"][good[0][0]]) > 1:
+        plain = rank_order(cols, np.nonzero(fits & (cands["cp"] == 1))[0], sort, 1)
+        without_cp = _row(cands, cols, int(plain[0]), c, cluster, True) if len(plain) else None
     return SweepResult(
         **base, fitting=int(fits.sum()), rejected_gpu=int((~ok[0]).sum()),
         rejected_cpu=int((~ok[1]).sum()), rejected_nvme=int((~ok[2]).sum()),
@@ -670,7 +678,7 @@ def sweep(model: ModelSpec, cluster: Cluster, setup: TrainSetup, constraints: Co
             for j in folded]}) for i, folded in good],
         rejected=[_row(cands, cols, int(i), c, cluster, False) for i in bad],
         empty_reason="" if fits.any() else _why_nothing_fits(cols, ok, cluster),
-        seconds=time.perf_counter() - start,
+        best_without_cp=without_cp, seconds=time.perf_counter() - start,
     )
 
 

@@ -54,6 +54,24 @@ def ranked_table(result: SweepResult) -> Table:
     return table
 
 
+def cp_note(result: SweepResult) -> list[str]:
+    """Why the first layout splits sequences: what it saves against the best layout without
+    context parallelism (`SweepResult.best_without_cp`)."""
+    if not result.top or result.top[0].layout.cp == 1:
+        return []
+    best, lay = result.top[0], result.top[0].layout
+    line = (f"#1 splits each sequence over cp={lay.cp} GPUs ({lay.cp_comm_type}; exposed cp "
+            f"traffic {best.estimate.cp_comm_s:.2f} s)")
+    plain = result.best_without_cp
+    if plain is None:
+        return [line + "; no layout without context parallelism fits"]
+    est, p = plain.estimate, plain.layout
+    return [line + f"; the best without it, tp {p.tp} pp {p.pp} dp {p.dp} {layout_label(plain)}, "
+            f"takes {fmt_seconds(est.step_s)} (recompute {est.recompute_s:.2f} s, offload "
+            f"{est.offload_s:.2f} s, tp {est.tp_comm_s:.2f} s): "
+            f"{1 - best.estimate.step_s / est.step_s:.1%} less step time with cp"]
+
+
 def variant_notes(result: SweepResult) -> list[str]:
     """One line per ranked row that folds near-identical layouts (sweep.collapse_variants)."""
     return [f"#{rank} also as offload optimizer/params {', '.join(row.variants)} (same fit, "
@@ -112,7 +130,7 @@ def render(console: Console, results: list[SweepResult]) -> None:
     for result in results:
         if result.top:
             console.print(ranked_table(result))
-            for line in variant_notes(result):
+            for line in variant_notes(result) + cp_note(result):
                 console.print(line, soft_wrap=True, highlight=False)
             console.print(breakdown_table(result.top[0]))
         else:
