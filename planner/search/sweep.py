@@ -12,7 +12,8 @@ bandwidth, ...), the table whose one-line errors fit and check print; `SweepResu
 names the rules that removed combinations. One search rule on top: with dp = 1, ZeRO >= 1 is
 kept only with offload (otherwise it equals ZeRO-0); ZeRO shards over dp x cp ranks, so this
 reads dp·cp = 1. Context parallelism: cp divides GPUs / (tp·pp), 2·cp divides seq_len, both
-comm types (p2p ring, a2a) where the rule table allows them.
+comm types (p2p ring, a2a) where the rule table allows them; a cp layout whose micro-batch is a
+multiple of cp is dominated by its cp = 1 twin and not enumerated (`cp_dominated`).
 
 Evaluation (`evaluate`) runs the one model over the candidate columns (`LayoutColumns`): model
 states and buffers (`model_states.state_parts` / `buffer_parts`), activations
@@ -168,6 +169,17 @@ def micro_batch_options(setup: TrainSetup, c: Constraints) -> list[int]:
     return [2**k for k in range(setup.global_batch.bit_length()) if 2**k <= setup.global_batch]
 
 
+def cp_dominated(pairs: LayoutColumns, c: Constraints) -> np.ndarray:
+    """Search rule: a cp > 1 layout whose micro-batch b is a multiple of cp does the same work as
+    the layout with cp = 1, dp x cp data-parallel ranks and b / cp sequences per micro-batch
+    (the same tokens per GPU per micro-batch, GEMM shapes, gradient group and step FLOPs) without
+    the cp traffic and buffers, which the search also enumerates; it is not enumerated. Kept
+    when cp, dp or the micro-batch is pinned (that twin may be excluded)."""
+    if c.cp is not None or c.dp is not None or c.micro_batch is not None:
+        return np.zeros(len(pairs), dtype=bool)
+    return (pairs["cp"] > 1) & (pairs["micro_batch"] % pairs["cp"] == 0)
+
+
 def enumerate_layouts(model: ModelSpec, cluster: Cluster, setup: TrainSetup,
                       c: Constraints) -> tuple[LayoutColumns, dict[str, int]]:
     """Every valid layout as `LayoutColumns`, and {rule: combinations it removed}.
@@ -187,7 +199,7 @@ def enumerate_layouts(model: ModelSpec, cluster: Cluster, setup: TrainSetup,
                                cp_comm_type=struct[s_idx, 5], micro_batch=b_s,
                                grad_accum=setup.global_batch // (dp_s * b_s)))
     ok, rejected = rules.mask(ctx, pairs)
-    pairs = pairs.take(ok)
+    pairs = pairs.take(ok & ~cp_dominated(pairs, c))
     states, state_rejected = state_options(model, cluster, setup, c)
     rejected |= state_rejected
     recompute = _ints([RECOMPUTE_MODES.index(r) for r in SEARCHED_RECOMPUTE if _allowed(r, c.recompute)])
