@@ -295,8 +295,6 @@ def data_row_error(run: PublicRun, level: float | None = None
         return moe_row_error(run)
     if run.model is None or run.global_batch is None or run.micro_batch is None:
         return None, None, "model dimensions or batch not transcribed"
-    if run.cp > 1:
-        return None, None, "context parallelism is not modelled"
     first, last = UNEVEN_STAGES.get(run.name, (None, None))
     m = math.ceil(run.global_batch / (run.micro_batch * run.dp))
     batch = m * run.micro_batch * run.dp
@@ -304,7 +302,7 @@ def data_row_error(run: PublicRun, level: float | None = None
     model = _data_model(run)
     recompute = "selective" if run.recompute == "unknown" else run.recompute
     fused = run.model.num_kv_heads is not None or run.engine.startswith("megatron-core")
-    layout = Layout(tp=run.tp, pp=run.pp, dp=run.dp, zero_stage=data_zero_stage(run),
+    layout = Layout(tp=run.tp, pp=run.pp, dp=run.dp, cp=run.cp, zero_stage=data_zero_stage(run),
                     dp_engine="fsdp2" if "fsdp2" in run.engine else "deepspeed",
                     recompute=recompute, micro_batch=run.micro_batch, grad_accum=m,
                     first_stage_layers=first, last_stage_layers=last,

@@ -98,7 +98,8 @@ def test_recompute_modes():
 @pytest.mark.parametrize(
     ("extra", "match"),
     [
-        ("--context-parallel-size 2", "--context-parallel-size: 2: only 1 is modelled"),
+        ("--context-parallel-size 2 --cp-comm-type allgather",
+         "--cp-comm-type: 'allgather': only p2p \\(ring\\) and a2a are modelled"),
         ("--tensor-model-parallel-size 3", "world size 8 is not divisible by tp\\*pp = 3\\*1"),
         ("--global-batch-size 12 --micro-batch-size 1", "12 is not divisible by micro_batch x dp = 1 x 8"),
         ("--normalization ScaleNorm", "allowed: LayerNorm, RMSNorm"),

@@ -62,9 +62,10 @@ def test_vectorised_equals_scalar_references(evaluated):
 
 
 def test_every_candidate_satisfies_the_layout_rules(evaluated):
-    """tp*pp*dp = GPUs, micro_batch*grad_accum*dp = global batch, plan.validate_layout passes."""
+    """tp*cp*pp*dp = GPUs (cp = 1 before context parallelism), micro_batch*grad_accum*dp =
+    global batch, plan.validate_layout passes."""
     model, cluster, setup, c, cands, _ = evaluated
-    assert np.all(cands["tp"] * cands["pp"] * cands["dp"] == cluster.num_gpus)
+    assert np.all(cands["tp"] * cands["cp"] * cands["pp"] * cands["dp"] == cluster.num_gpus)
     assert np.all(cands["micro_batch"] * cands["grad_accum"] * cands["dp"] == setup.global_batch)
     for i in random.Random(5).sample(range(len(cands["tp"])), 40):
         plan.validate_layout(model, cluster, sweep.layout_at(cands, i, c), setup)
@@ -75,8 +76,8 @@ def test_smaller_micro_batch_never_needs_more_gpu_memory(evaluated):
     (CPU memory can grow: DeepSpeed's ZeRO-Offload adds a gradient-accumulation buffer once
     grad_accum > 1, model_states `accumulated_grads_in_cpu`.)"""
     _, _, _, _, cands, cols = evaluated
-    keys = ("tp", "pp", "dp", "virtual_stages", "zero_stage", "offload_optimizer", "offload_params",
-            "recompute", "sequence_parallel")
+    keys = ("tp", "pp", "dp", "cp", "cp_comm_type", "virtual_stages", "zero_stage",
+            "offload_optimizer", "offload_params", "recompute", "sequence_parallel")
     index = {tuple(int(cands[k][i]) for k in keys) + (int(cands["micro_batch"][i]),): i
              for i in range(len(cands["tp"]))}
     checked = 0

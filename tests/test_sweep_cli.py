@@ -68,7 +68,7 @@ def test_bad_input_exits_2(zplan):
         assert proc.stdout == ""
 
 
-PINNED = ("--gpus", "64", "--tp", "8", "--pp", "1", "--micro-batch", "1", "--recompute", "full", "--dp-engine", "deepspeed",
+PINNED = ("--gpus", "64", "--tp", "8", "--pp", "1", "--cp", "1", "--micro-batch", "1", "--recompute", "full", "--dp-engine", "deepspeed",
           "--no-offload", "--no-sequence-parallel")
 DS_BUCKETS = {"train_batch_size": 512, "train_micro_batch_size_per_gpu": 1, "bf16": {"enabled": True},
               "zero_optimization": {"stage": 2, "reduce_bucket_size": 200_000_000,
@@ -80,7 +80,8 @@ def test_excluded_rules_rendered_in_json_and_table(zplan):
     # grad_accum = 512 / (8 b) is whole for b <= 64 only, so the batch rule removes exactly
     # b = 128, 256, 512: 3 combinations; ZeRO-0 with the DeepSpeed engine (FSDP2 has no ZeRO-0),
     # no offload, no sequence parallel are pinned, so no other rule removes anything.
-    args = (*BASE, "--gpus", "64", "--tp", "8", "--pp", "1", "--zero", "0", "--dp-engine", "deepspeed",
+    args = (*BASE, "--gpus", "64", "--tp", "8", "--pp", "1", "--cp", "1", "--zero", "0",
+            "--dp-engine", "deepspeed",
             "--recompute", "full",
             "--no-offload", "--no-sequence-parallel")
     doc = json.loads(zplan(*args, "--json").stdout)

@@ -18,18 +18,19 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 
-from planner.core.spec import EngineBuffers, Layout, OffloadTarget, RecomputeMode
+from planner.core.spec import CpCommType, EngineBuffers, Layout, OffloadTarget, RecomputeMode
 
 OFFLOAD_TARGETS: tuple[OffloadTarget, ...] = ("none", "cpu", "nvme")
 RECOMPUTE_MODES: tuple[RecomputeMode, ...] = ("none", "selective", "full", "every_k")
 
 DP_ENGINES = ("deepspeed", "fsdp2")
+CP_COMM_TYPES: tuple[CpCommType, ...] = ("p2p", "a2a")
 CODED = {"offload_optimizer": OFFLOAD_TARGETS, "offload_params": OFFLOAD_TARGETS,
-         "recompute": RECOMPUTE_MODES, "dp_engine": DP_ENGINES}
+         "recompute": RECOMPUTE_MODES, "dp_engine": DP_ENGINES, "cp_comm_type": CP_COMM_TYPES}
 """Literal fields stored as the index of their value."""
 FIELDS = ("tp", "pp", "dp", "ep", "virtual_stages", "zero_stage", "offload_optimizer", "offload_params",
           "recompute", "recompute_every_k", "sequence_parallel", "micro_batch", "grad_accum",
-          "first_stage_layers", "last_stage_layers", "dp_engine")
+          "first_stage_layers", "last_stage_layers", "dp_engine", "cp", "cp_comm_type")
 """The varying Layout fields, each one column."""
 OPTIONAL = ("first_stage_layers", "last_stage_layers")
 """Fields whose None is stored as 0 (a column may be absent: the even split)."""
@@ -39,7 +40,9 @@ class LayoutColumns(Mapping[str, np.ndarray]):
     """Columns named like `Layout`'s fields (a read-only mapping name -> 1-D array).
 
     A column may be missing while a search is still being built (the rules then apply only
-    the rules whose fields are present, planner.core.rules.applicable)."""
+    the rules whose fields are present, planner.core.rules.applicable); a formula reading `cp`
+    or `cp_comm_type` takes `cols.get("cp", 1)` / `cols.get("cp_comm_type", 0)` (no context
+    parallelism) when the column is absent."""
 
     __slots__ = ("_cols", "_n")
 

@@ -173,6 +173,40 @@ def _uses_nvme(c: LayoutColumns) -> np.ndarray:
     return (c["offload_optimizer"] == NVME) | (c["offload_params"] == NVME)
 
 
+def _world_message(x: Context, r: dict[str, int]) -> str:
+    cp = r.get("cp", 1)
+    names, values = ("tp*cp*pp*dp", [r["tp"], cp, r["pp"], r["dp"]]) if cp > 1 else \
+        ("tp*pp*dp", [r["tp"], r["pp"], r["dp"]])
+    product = 1
+    for v in values:
+        product *= v
+    return (f"{names} = {'*'.join(map(str, values))} = {product} must equal the cluster's GPUs "
+            f"{x.cluster.num_gpus} ({x.cluster.num_nodes} nodes x {x.cluster.node.gpus_per_node})")
+
+
+A2A = 1
+"""Code of cp_comm_type a2a (planner.core.columns.CP_COMM_TYPES)."""
+
+CP_RULES: tuple[Rule, ...] = (
+    Rule("context parallel needs seq_len divisible by 2*cp", "cp", ("cp",),
+         lambda x, c: (c["cp"] == 1) | (x.seq_len % (2 * c["cp"]) == 0),
+         lambda x, r: (f"cp={r['cp']} needs seq_len ({x.seq_len}) divisible by 2*cp = "
+                       f"{2 * r['cp']}: each rank holds two of 2*cp chunks for the causal load "
+                       "balance (Megatron-LM arguments.py)")),
+    Rule("a2a context parallel needs cp to divide the heads per tp rank", "cp_comm_type",
+         ("tp", "cp", "cp_comm_type"),
+         lambda x, c: (c["cp"] == 1) | (c["cp_comm_type"] != A2A)
+         | ((x.model.num_heads % (c["tp"] * c["cp"]) == 0)
+            & (x.model.kv_heads % (c["tp"] * c["cp"]) == 0)),
+         lambda x, r: (f"cp_comm_type=a2a scatters heads over cp: tp*cp = {r['tp']}*{r['cp']} "
+                       f"must divide num_heads={x.model.num_heads} and num_kv_heads="
+                       f"{x.model.kv_heads} of model {x.model.name} (Transformer Engine "
+                       "AttnFuncWithCPAndQKVOA2A); use cp_comm_type=p2p")),
+)
+"""Context parallelism (planner/timing/context.py; docs/context_parallel.md): Megatron-LM
+arguments.py asserts seq_length % (2 * context_parallel_size) == 0; Transformer Engine's a2a
+path asserts num_heads % cp_size == 0 for Q and for K/V (heads per tp rank)."""
+
 LAYOUT_RULES: tuple[Rule, ...] = (
     Rule("offload_params needs ZeRO-3", "offload_params", ("offload_params", "zero_stage"),
          lambda x, c: (c["offload_params"] == 0) | (c["zero_stage"] == 3),
@@ -212,10 +246,8 @@ them as ValueError when the layout is built; the sweep masks its candidates with
 
 RULES: tuple[Rule, ...] = LAYOUT_RULES + (
     Rule("tp*pp*dp must equal the GPUs", "layout", ("tp", "pp", "dp"),
-         lambda x, c: c["tp"] * c["pp"] * c["dp"] == x.cluster.num_gpus,
-         lambda x, r: (f"tp*pp*dp = {r['tp']}*{r['pp']}*{r['dp']} = {r['tp'] * r['pp'] * r['dp']} "
-                       f"must equal the cluster's GPUs {x.cluster.num_gpus} ({x.cluster.num_nodes} "
-                       f"nodes x {x.cluster.node.gpus_per_node})")),
+         lambda x, c: c["tp"] * c.get("cp", 1) * c["pp"] * c["dp"] == x.cluster.num_gpus,
+         _world_message),
     Rule("tp must divide heads, kv heads and the MLP width", "tp", ("tp",),
          _tp_divides, _tp_message),
     Rule("pp*virtual_stages must not exceed the layers", "pp", ("pp", "virtual_stages"),
@@ -250,8 +282,11 @@ RULES: tuple[Rule, ...] = LAYOUT_RULES + (
                        f"{ceil_div(x.model.num_layers, r['pp'])} (num_layers={x.model.num_layers}, "
                        f"pp={r['pp']})")),
     Rule("sequence parallel needs tp to divide seq_len", "seq_len", ("tp", "sequence_parallel"),
-         lambda x, c: ~c["sequence_parallel"].astype(bool) | (x.seq_len % c["tp"] == 0),
-         lambda x, r: f"sequence_parallel needs tp={r['tp']} to divide seq_len ({x.seq_len})"),
+         lambda x, c: ~c["sequence_parallel"].astype(bool)
+         | (x.seq_len % (c["tp"] * c.get("cp", 1)) == 0),
+         lambda x, r: (f"sequence_parallel needs tp={r['tp']} to divide seq_len ({x.seq_len})"
+                       + (f" / cp={r['cp']}" if r.get("cp", 1) > 1 else ""))),
+) + CP_RULES + (
     Rule("offload_optimizer=nvme needs ZeRO-3", "offload_optimizer",
          ("offload_optimizer", "zero_stage"),
          lambda x, c: (c["offload_optimizer"] != NVME) | (c["zero_stage"] == 3),
@@ -280,6 +315,11 @@ RULES: tuple[Rule, ...] = LAYOUT_RULES + (
          lambda x, c: (c["ep"] == 1) | (c["dp_engine"] == 0),
          lambda x, r: (f"ep={r['ep']} with dp_engine=fsdp2 is not modelled (FSDP2 shards "
                        "expert and dense weights by its own mesh); use dp_engine=deepspeed")),
+    Rule("expert and context parallelism together are not modelled", "ep", ("ep", "cp"),
+         lambda x, c: (c["ep"] == 1) | (c["cp"] == 1),
+         lambda x, r: (f"ep={r['ep']} with cp={r['cp']} is not modelled (the expert groups' rank "
+                       "placement and all-to-all volume assume cp = 1, docs/moe.md); use ep=1 "
+                       "or cp=1")),
     Rule("transformers implementations run ep = 1", "implementation", ("ep",),
          lambda x, c: np.asarray(_megatron(x) | (c["ep"] == 1)),
          lambda x, r: (f"implementation={x.setup.implementation} runs transformers' modules "
@@ -287,6 +327,10 @@ RULES: tuple[Rule, ...] = LAYOUT_RULES + (
     Rule("NVMe offload needs a node with NVMe capacity and bandwidth", "offload",
          ("offload_optimizer", "offload_params"),
          lambda x, c: ~_uses_nvme(c) | nvme_ready(x), _nvme_message),
+    Rule("transformers implementations run cp = 1", "implementation", ("cp",),
+         lambda x, c: np.asarray(_megatron(x) | (c["cp"] == 1)),
+         lambda x, r: (f"implementation={x.setup.implementation} runs transformers' modules: "
+                       f"cp=1 (got cp={r['cp']}); use implementation=megatron")),
 )
 """Every layout rule, in the order `check_layout` reports them. The setup-only rule
 (seq_len <= max_seq_len) is `check_setup`."""

@@ -35,6 +35,7 @@ Dtype = Literal["fp32", "tf32", "fp16", "bf16", "fp8", "int8"]
 OffloadTarget = Literal["none", "cpu", "nvme"]
 RecomputeMode = Literal["none", "selective", "full", "every_k"]
 TempoTechnique = Literal["gelu", "layernorm", "dropout"]
+CpCommType = Literal["p2p", "a2a"]
 
 
 class Frozen(BaseModel):
@@ -571,13 +572,22 @@ class Layout(Frozen):
     pp: int = Field(default=1, gt=0)
     """Pipeline-parallel degree (p). At most the number of layers."""
     dp: int = Field(default=1, gt=0)
-    """Data-parallel degree (Nd); ZeRO partitions across these ranks."""
+    """Data-parallel degree (Nd): ranks that see different sequences. ZeRO / the distributed
+    optimizer partitions over dp x cp ranks (Megatron's data-and-context-parallel group)."""
     ep: int = Field(default=1, gt=0)
     """Expert-parallel degree (Megatron `--expert-model-parallel-size`): the routed experts of
     every MoE layer are split over `ep` ranks carved out of the dp ranks (Megatron-Core
     parallel_state.py: expert dp = tp·dp / (etp·ep) with expert tp = tp); the expert weights'
     gradients and optimizer states are sharded over the dp / ep expert-data-parallel ranks.
     1 for dense models (planner.memory.experts, docs/moe.md)."""
+    cp: int = Field(default=1, gt=0)
+    """Context-parallel degree (Megatron-LM `--context-parallel-size`; DeepSpeed Ulysses
+    `sequence_parallel_size`): every sequence is split over cp ranks, world = tp x cp x pp x dp
+    (planner/timing/context.py, docs/context_parallel.md)."""
+    cp_comm_type: CpCommType = "p2p"
+    """How attention sees the whole sequence under cp > 1 (Megatron `--cp-comm-type`): `p2p` ring
+    attention (KV chunks passed peer to peer, overlapped with attention; the default) or `a2a`
+    (Ulysses-style all-to-alls that trade the sequence split for a head split)."""
     virtual_stages: int = Field(default=1, gt=0)
     """Model chunks per pipeline rank for the interleaved 1F1B schedule (1 = plain 1F1B)."""
     first_stage_layers: int | None = Field(default=None, gt=0)
@@ -620,7 +630,7 @@ class Layout(Frozen):
 
     @property
     def num_gpus(self) -> int:
-        return self.tp * self.pp * self.dp
+        return self.tp * self.cp * self.pp * self.dp
 
     @model_validator(mode="after")
     def _check(self) -> Layout:
@@ -630,13 +640,16 @@ class Layout(Frozen):
         fields = {name: getattr(self, name) for name in ("tp", "pp", "ep", "virtual_stages",
                                                          "zero_stage",
                                                          "offload_optimizer", "offload_params",
-                                                         "sequence_parallel")}
+                                                         "sequence_parallel", "cp")}
         coded = {k: CODED[k].index(v) if k in CODED else int(v) for k, v in fields.items()}
         error = layout_error(coded)
         if error:
             raise ValueError(error)
         if len(set(self.tempo)) != len(self.tempo):
             raise ValueError(f"tempo: techniques repeat {list(self.tempo)}")
+        if self.cp > 1 and not self.flash_attention:
+            raise ValueError(f"cp={self.cp} needs flash_attention: Megatron runs context "
+                             "parallelism only inside Transformer Engine's fused attention")
         return self
 
 

@@ -135,6 +135,17 @@ def _offload_device(zero: dict[str, Any], key: str) -> str:
     return device
 
 
+def _ulysses_degree(config: dict[str, Any]) -> int:
+    """DeepSpeed-Ulysses' `sequence_parallel_size` (1 when absent): the sequence is split over
+    that many ranks and the batch counts world / sequence_parallel_size data-parallel ranks
+    (deepspeed/runtime/config.py at commit edaa7221: `self.world_size = dist.get_world_size() /
+    config["sequence_parallel_size"]`); the layout's cp with cp_comm_type a2a."""
+    value = config.get("sequence_parallel_size", 1)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise PlanInputError("sequence_parallel_size", f"must be a positive integer, got {value!r}")
+    return value
+
+
 def layout_from_deepspeed(
     config: dict[str, Any],
     *,
@@ -151,15 +162,16 @@ def layout_from_deepspeed(
     """The layout a DeepSpeed config describes on num_gpus GPUs with tp x pp model parallelism.
 
     tp and pp are not DeepSpeed config keys (they live in the training script), so they come
-    from the command line; dp = num_gpus / (tp x pp). `layout_extra` passes the Layout fields
+    from the command line; dp = num_gpus / (tp x pp x cp), cp being DeepSpeed-Ulysses'
+    `sequence_parallel_size` (cp_comm_type a2a). `layout_extra` passes the Layout fields
     the JSON cannot say (recompute mode, sequence_parallel, flash_attention, tempo).
     hidden_size (the model's) fills the bucket keys the HF Trainer writes as "auto".
     """
-    if num_gpus % (tp * pp):
-        raise PlanInputError("--gpus", f"{num_gpus} GPUs are not divisible by tp*pp = {tp}*{pp}")
-    dp = num_gpus // (tp * pp)
-    if int(config.get("sequence_parallel_size", 1) or 1) > 1:
-        raise PlanInputError("sequence_parallel_size", "DeepSpeed-Ulysses sequence parallelism is not modelled")
+    cp = _ulysses_degree(config)
+    if num_gpus % (tp * pp * cp):
+        names, values = ("tp*pp*cp", f"{tp}*{pp}*{cp}") if cp > 1 else ("tp*pp", f"{tp}*{pp}")
+        raise PlanInputError("--gpus", f"{num_gpus} GPUs are not divisible by {names} = {values}")
+    dp = num_gpus // (tp * pp * cp)
     zero = config.get("zero_optimization", {})
     cli = {"train_batch_size": global_batch, "train_micro_batch_size_per_gpu": micro_batch,
            "gradient_accumulation_steps": grad_accum}
@@ -175,6 +187,8 @@ def layout_from_deepspeed(
     buffers, buffer_notes = buffers_from_deepspeed(zero, zero_fields["zero_stage"], hidden_size)
     notes += buffer_notes
     try:
+        if cp > 1:  # Ulysses: all-to-alls of heads (deepspeed/sequence/layer.py)
+            extra |= {"cp": cp, "cp_comm_type": "a2a"}
         layout = Layout(tp=tp, pp=pp, dp=dp, micro_batch=micro, grad_accum=gas, buffers=buffers,
                         **zero_fields, **extra)
     except ValidationError as err:
@@ -355,6 +369,8 @@ def deepspeed_config(model: ModelSpec, layout: Layout, setup: TrainSetup,
     config["zero_optimization"] = zero
     if layout.ep > 1:  # AutoEP (runtime/config.py EXPERT_PARALLEL, module_inject/auto_ep_config.py)
         config["expert_parallel"] = {"enabled": True, "autoep_size": layout.ep}
+    if layout.cp > 1:  # Ulysses (a2a); the engine table refuses the ring for DeepSpeed
+        config["sequence_parallel_size"] = layout.cp
     if layout.recompute == "full":
         config["activation_checkpointing"] = {
             "partition_activations": False, "contiguous_memory_optimization": False,

@@ -83,6 +83,10 @@ RULES: tuple[EngineRule, ...] = (
     EngineRule("deepspeed", lambda m, l, p: l.sequence_parallel,
                "AutoTP has no Megatron-style sequence parallelism of norms and dropout",
                "deepspeed.ai/tutorials/autotp-training: TP over linear layers only"),
+    EngineRule("deepspeed", lambda m, l, p: l.cp > 1 and l.cp_comm_type == "p2p",
+               "splits sequences with Ulysses all-to-alls only (cp_comm_type a2a), no ring attention",
+               "DeepSpeed@edaa7221 deepspeed/sequence/layer.py DistributedAttention, "
+               "deepspeed/runtime/sequence_parallel/ulysses_sp.py"),
     EngineRule("deepspeed", lambda m, l, p: l.recompute == "selective",
                "checkpoints whole layers (HF gradient checkpointing / deepspeed.checkpointing), "
                "not Megatron's selective attention recompute",
@@ -97,6 +101,11 @@ RULES: tuple[EngineRule, ...] = (
     EngineRule("fsdp2", lambda m, l, p: (l.offload_params == "cpu") != (l.offload_optimizer == "cpu"),
                "offloads parameters, gradients and the optimizer step to the CPU together",
                f"{_FSDP2}: CPUOffloadPolicy moves the sharded parameters; the optimizer steps on CPU"),
+    EngineRule("fsdp2", lambda m, l, p: l.cp > 1 and l.cp_comm_type == "a2a",
+               "context parallelism is torch's ring attention (KV rotated between ranks), not "
+               "Ulysses all-to-all heads",
+               "torch 2.13 torch/distributed/tensor/experimental/_context_parallel/_attention.py "
+               "(_RotateMethod: rotate KV by all-gather or all-to-all)"),
     EngineRule("fsdp2", lambda m, l, p: bool(l.tempo),
                "has no Tempo kernels", "torchtitan: no such option"),
     # ---------------------------------------------------------------- HF accelerate (FSDP2)
@@ -114,6 +123,10 @@ RULES: tuple[EngineRule, ...] = (
     EngineRule("accelerate", lambda m, l, p: l.ep > 1,
                "has no expert parallelism (ParallelismConfig: dp_replicate, dp_shard, tp, cp only)",
                f"{_ACCEL} accelerate/parallelism_config.py ParallelismConfig fields"),
+    EngineRule("accelerate", lambda m, l, p: l.cp > 1 and l.cp_comm_type == "a2a",
+               "with FSDP, context parallelism is cp_size (torch ring attention); Ulysses (sp_size) "
+               "needs its DeepSpeed backend",
+               f"{_ACCEL} accelerate/parallelism_config.py cp_backend 'torch', sp_backend 'deepspeed'"),
     EngineRule("accelerate", lambda m, l, p: l.recompute not in ("none", "full") or bool(l.tempo)
                or l.sequence_parallel,
                "checkpoints whole layers (fsdp_activation_checkpointing); no selective recompute, "

@@ -29,11 +29,14 @@ def export_text(fmt: Format, model: ModelSpec, cluster: Cluster, layout: Layout,
 def _format_text(fmt: Format, model: ModelSpec, cluster: Cluster, layout: Layout, setup: TrainSetup,
                  nvme_path: str, script: str | None) -> str:
     """The text of one format; each writer raises for what its format cannot express."""
-    if fmt in ("deepspeed", "megatron") and layout.dp_engine == "fsdp2":
-        from planner.core.errors import PlanInputError
+    from planner.core.errors import PlanInputError
 
+    if fmt in ("deepspeed", "megatron") and layout.dp_engine == "fsdp2":
         raise PlanInputError("dp_engine", f"dp_engine=fsdp2 cannot be written as --format {fmt}; "
                                           "use --format accelerate-fsdp (FSDP2)")
+    if fmt == "accelerate-fsdp" and layout.cp > 1:
+        raise PlanInputError("cp", f"cp={layout.cp}: the {fmt} writer has no context-parallel "
+                                   "setting yet; use --format megatron (--context-parallel-size)")
     if fmt == "deepspeed":
         from planner.io.deepspeed import deepspeed_config
 
@@ -58,14 +61,14 @@ def search_constraints(fmt: Format) -> Constraints:
 
     if fmt == "deepspeed":
         return Constraints(recompute=("none", "full"), virtual_stages=(1,), sequence_parallel=(False,),
-                           dp_engine=("deepspeed",))
+                           dp_engine=("deepspeed",), cp_comm_type=("a2a",))
     if fmt == "megatron":
         return Constraints(zero_stage=(0, 1), offload_optimizer=("none",), offload_params=("none",),
                            dp_engine=("deepspeed",))
     if fmt == "accelerate-fsdp":
         return Constraints(tp=(1,), pp=(1,), zero_stage=(2, 3), recompute=("none", "full"),
                            offload_optimizer=("none",), offload_params=("none",),
-                           dp_engine=("fsdp2",))
+                           dp_engine=("fsdp2",), cp=(1,))
     return Constraints()
 
 

@@ -4,6 +4,7 @@
 model: gpt3-175b        # preset name, a path (YAML or HF config.json), or a mapping of ModelSpec fields
 cluster: dgx2x32        # cluster/node name, a path, or {gpu: a100-80gb, gpus: 256}
 layout: {tp: 8, pp: 8, dp: 8, zero_stage: 1, micro_batch: 1, recompute: full}
+                        # long context: add cp: 16, cp_comm_type: p2p (world = tp x cp x pp x dp)
 setup: {seq_len: 2048, global_batch: 1536, train_tokens: 300e9, precision: zero-fp16, optimizer: adam}
 ```
 `layout.grad_accum` may be left out: it is global_batch / (micro_batch * dp) when that divides.

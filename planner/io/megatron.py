@@ -9,8 +9,12 @@ fp32 (accumulate_allreduce_grads_in_fp32 forced on) -> the 18-byte megatron-bf16
 --recompute-activations means selective recompute. The vocabulary is padded to a multiple of
 make_vocab_size_divisible_by (default 128) x tp (megatron/training/tokenizer
 `_vocab_size_with_padding`); `--padded-vocab-size` (Megatron-DeepSpeed and other forks) is taken as is.
-Not modelled, rejected with a clear line: context parallelism > 1, expert parallelism > 1,
-MoE layer frequency != 1, `--recompute-method block` recomputing only part of a stage.
+Context parallelism: `--context-parallel-size` and a single `--cp-comm-type` p2p or a2a
+(world = tp x cp x pp x dp); Megatron runs it only in Transformer Engine's fused attention, so a
+cp > 1 launch without `--attention-backend` is read as flash attention.
+Not modelled, rejected with a clear line: expert parallelism > 1, `--cp-comm-type` allgather or
+a2a+p2p (hierarchical), MoE layer frequency != 1, `--recompute-method block` recomputing only
+part of a stage.
 """
 
 from __future__ import annotations
@@ -295,7 +299,7 @@ def _unsupported(args: Args) -> None:
     """Axes and features the Layout has no field for."""
     if args.get("--optimizer-cpu-offload"):
         raise PlanInputError("--optimizer-cpu-offload", "Megatron's optimizer CPU offload is not modelled")
-    for flag in ("--context-parallel-size",):
+    for flag in ():  # every parallel axis Megatron has is modelled (tp, pp, dp, ep, cp)
         if _int(args, flag, 1) > 1:
             raise PlanInputError(flag, f"{args[flag]}: only 1 is modelled (the layout has no such axis)")
     tp = _int(args, "--tensor-model-parallel-size", 1)
@@ -303,6 +307,16 @@ def _unsupported(args: Args) -> None:
         raise PlanInputError("--expert-tensor-parallel-size", (
             f"{args['--expert-tensor-parallel-size']}: only the default (= --tensor-model-parallel-"
             f"size {tp}) is modelled; expert weights are split by tp (docs/moe.md)"))
+
+
+def _context_parallel(args: Args) -> tuple[int, str]:
+    """(cp, cp_comm_type) of `--context-parallel-size` and `--cp-comm-type` (default p2p,
+    arguments.py); allgather and a2a+p2p are not modelled."""
+    cp = _int(args, "--context-parallel-size", 1)
+    comm = str(args.get("--cp-comm-type", "p2p"))
+    if comm not in ("p2p", "a2a"):
+        raise PlanInputError("--cp-comm-type", f"{comm!r}: only p2p (ring) and a2a are modelled")
+    return cp, comm
 
 
 def _uneven_stages(args: Args) -> dict[str, int | None]:
@@ -361,18 +375,21 @@ def job_from_megatron(launcher: Args, args: Args, num_gpus: int | None, name: st
     """Model, layout and setup parts of a Megatron-LM launch."""
     _unsupported(args)
     tp, pp = _int(args, "--tensor-model-parallel-size", 1), _int(args, "--pipeline-model-parallel-size", 1)
+    cp, cp_comm = _context_parallel(args)
     world = world_size(launcher, num_gpus)
-    if world % (tp * pp):
-        raise PlanInputError("--gpus", f"world size {world} is not divisible by tp*pp = {tp}*{pp}")
-    dp = world // (tp * pp)
+    if world % (tp * cp * pp):
+        names, values = ("tp*cp*pp", f"{tp}*{cp}*{pp}") if cp > 1 else ("tp*pp", f"{tp}*{pp}")
+        raise PlanInputError("--gpus", f"world size {world} is not divisible by {names} = {values}")
+    dp = world // (tp * cp * pp)
     model = model_from_megatron(args, tp, name)
     virtual = _virtual_stages(args, model.num_layers, pp)
     micro, batch = _batches(args, dp)
     flash = bool(args.get("--use-flash-attn")) or args.get("--attention-backend") in ("flash", "fused")
+    flash = flash or (cp > 1 and "--attention-backend" not in args)  # CP runs in TE attention only
     try:
         layout = Layout(
-            tp=tp, pp=pp, dp=dp, ep=_int(args, "--expert-model-parallel-size", 1),
-            virtual_stages=virtual, **_uneven_stages(args),
+            tp=tp, pp=pp, dp=dp, ep=_int(args, "--expert-model-parallel-size", 1), cp=cp,
+            cp_comm_type=cp_comm, virtual_stages=virtual, **_uneven_stages(args),
             zero_stage=1 if args.get("--use-distributed-optimizer") else 0,
             sequence_parallel=bool(args.get("--sequence-parallel")) and tp > 1,  # off at tp=1
             flash_attention=flash, micro_batch=micro, grad_accum=batch // (micro * dp),
@@ -381,7 +398,11 @@ def job_from_megatron(launcher: Args, args: Args, num_gpus: int | None, name: st
     except ValidationError as err:
         raise PlanInputError("megatron", format_validation_error(err)) from None
     notes = []
-    if "--attention-backend" not in args and not args.get("--use-flash-attn"):
+    if "--attention-backend" not in args and not args.get("--use-flash-attn") and cp > 1:
+        notes.append(f"no --attention-backend with --context-parallel-size {cp}: flash_attention="
+                     "true assumed (Megatron runs context parallelism in Transformer Engine's "
+                     "fused attention only)")
+    elif "--attention-backend" not in args and not args.get("--use-flash-attn"):
         notes.append("no --attention-backend: flash_attention=false assumed (Megatron's default "
                      "auto may pick a fused kernel that saves no s x s tensors)")
     seq, precision = _int(args, "--seq-length"), _precision(args)
@@ -470,6 +491,8 @@ def _layout_flags(model: ModelSpec, layout: Layout) -> list[str]:
                         ("--decoder-last-pipeline-num-layers", layout.last_stage_layers)):
         flags += [flag, str(value)] if value is not None else []
     flags += ["--sequence-parallel"] if layout.sequence_parallel else []
+    if layout.cp > 1:
+        flags += ["--context-parallel-size", str(layout.cp), "--cp-comm-type", layout.cp_comm_type]
     flags += ["--use-distributed-optimizer"] if layout.zero_stage == 1 else []
     if layout.recompute == "selective":
         flags += ["--recompute-granularity", "selective"]

@@ -15,7 +15,7 @@ def nodes_and_procs(cluster: Cluster, layout: Layout) -> tuple[int, int]:
         return 1, gpus
     if gpus % per_node:
         raise PlanInputError(
-            "layout", f"tp*pp*dp = {gpus} GPUs is not a whole number of {per_node}-GPU nodes"
+            "layout", f"tp*pp*dp{'*cp' if layout.cp > 1 else ''} = {gpus} GPUs is not a whole number of {per_node}-GPU nodes"
         )
     return gpus // per_node, per_node
 

@@ -26,6 +26,7 @@ from planner.core.columns import LayoutColumns
 from planner.core.errors import PlanInputError
 from planner.core.spec import Frozen, Layout, ModelSpec, TrainSetup, ceil_div
 from planner.memory import fp8
+from planner.memory.context import cp_working_bytes, local_seq_len
 
 MASK_BYTES = 1
 """A dropout mask element: torch.bool (aten::native_dropout returns a bool mask)."""
@@ -382,8 +383,11 @@ class StageActivations(Frozen):
     """Embedding (first stage) and output-layer (last stage) extras of one micro-batch, by name."""
     recompute_working_bytes: int
     """One segment re-materialised during backward (AWM, seed 000 eq.4); 0 without recompute."""
+    cp_working_bytes: int = 0
+    """Context parallelism's transient attention buffers of one layer (planner.memory.context);
+    0 when cp = 1."""
     total_bytes: int
-    """Peak kept activations + recompute_working_bytes."""
+    """Peak kept activations + recompute_working_bytes + cp_working_bytes."""
 
 
 def in_flight_1f1b(pp, stage, micro_batches):
@@ -474,7 +478,7 @@ def interleaved_fronts(p, rank, v, m, chunk) -> np.ndarray:
 
 def _stage_extras(model: ModelSpec, layout: Layout, setup: TrainSetup, stage: int) -> tuple[
         dict[str, int], dict[str, int]]:
-    s, b, e = setup.seq_len, layout.micro_batch, setup.precision.activation_bytes
+    s, b, e = local_seq_len(setup.seq_len, layout.cp), layout.micro_batch, setup.precision.activation_bytes
     first = first_stage_extra_bytes(model, layout, s, b, e) if stage == 1 else {}
     last = last_stage_extra_bytes(model, layout, s, b, e) if stage == layout.pp else {}
     return first, last
@@ -485,6 +489,8 @@ def stage_activations(model: ModelSpec, layout: Layout, setup: TrainSetup,
     """Peak activation bytes of one GPU of each pipeline stage.
 
     1F1B: stage i of p holds min(p - i + 1, m) micro-batches (seed 004 §3.5.2, m = grad_accum).
+    Context parallelism: every tensor at s/cp tokens, plus one layer's transient cp buffers
+    (planner.memory.context).
     Interleaved (virtual_stages v > 1, each stage's layers split into v equal chunks): the
     in-flight chunks come from Megatron's schedule; the first stage holds
     (pv + p - 1) chunks = L/p·(1 + (p - 1)/(pv)) layers of micro-batches, Korthikanti §4.2.3's
@@ -497,8 +503,9 @@ def stage_activations(model: ModelSpec, layout: Layout, setup: TrainSetup,
         return [hf_stage_activations(model, layout, setup, layers_per_stage)]
     if len(layers_per_stage) != p:
         raise PlanInputError("layers_per_stage", f"{len(layers_per_stage)} stages given for pp={p}")
-    s, b, e = setup.seq_len, layout.micro_batch, setup.precision.activation_bytes
+    s, b, e = local_seq_len(setup.seq_len, layout.cp), layout.micro_batch, setup.precision.activation_bytes
     moe_chunks = chunk_moe_layers(model, layers_per_stage, v)
+    cp_working = cp_working_bytes(model, layout, setup.seq_len, b, e)
     result = []
     for stage, n in enumerate(layers_per_stage, start=1):
         if n % v:
@@ -520,7 +527,8 @@ def stage_activations(model: ModelSpec, layout: Layout, setup: TrainSetup,
         result.append(StageActivations(
             stage=stage, num_layers=n, in_flight_microbatches=ceil_div(sum(counts), v),
             in_flight_chunks=sum(counts), per_microbatch_bytes=sum(chunk_bytes),
-            extras=first | last, recompute_working_bytes=working, total_bytes=kept + working,
+            extras=first | last, recompute_working_bytes=working, cp_working_bytes=cp_working,
+            total_bytes=kept + working + cp_working,
         ))
     return result
 

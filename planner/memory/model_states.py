@@ -2,7 +2,8 @@
 
 Per-parameter bytes come from the precision recipe (EQUATIONS.md §2): param, grad, and
 K = `recipes.optimizer_bytes_per_param` (fp32 master + fp32 grad copy + optimizer states).
-ZeRO (seed 001 §2): stage 1 partitions the K part over the dp ranks, stage 2 also the gradients,
+ZeRO (seed 001 §2): stage 1 partitions the K part over the dp ranks (dp x cp with context
+parallelism, `shard_ranks`), stage 2 also the gradients,
 stage 3 also the parameters. Each rank holds ceil(num_params / dp) elements of a partitioned part
 (DeepSpeed pads the flat buffer so every rank's partition has the same size).
 
@@ -77,6 +78,16 @@ class ModelStateBytes(Frozen):
     """Named host-memory parts (DeepSpeed buffers), bytes."""
     nvme_parts: dict[str, int] = {}
     """Named NVMe parts, bytes."""
+
+
+def shard_ranks(cols: LayoutColumns):
+    """Ranks the gradients are reduced over and ZeRO / the distributed optimizer shards over:
+    dp x cp. Megatron-Core reduces gradients and shards its distributed optimizer over the
+    data-and-context-parallel group (`param_and_grad_buffer.py`: `dp_cp_group =
+    get_data_and_context_parallel_group(with_context_parallel=True)`, Megatron-LM commit
+    d98e8a64); DeepSpeed partitions ZeRO over its sequence-data-parallel group under Ulysses
+    (`runtime/engine.py`: `partition_group = self.seq_data_parallel_group`, commit edaa7221)."""
+    return cols["dp"] * cols.get("cp", 1)
 
 
 def partition_numel(num_params, dp):
@@ -171,7 +182,7 @@ def state_parts(num_params, cols: LayoutColumns, precision: PrecisionRecipe,
     optimizer to NVMe (the array form of host.apply_host_accounting)."""
     z, opt, par = cols["zero_stage"], cols["offload_optimizer"], cols["offload_params"]
     P = np.broadcast_to(num_params, z.shape)
-    part = partition_numel(P, cols["dp"])
+    part = partition_numel(P, shard_ranks(cols))
     pb, gb = precision.param_bytes, precision.grad_bytes
     off, z3 = opt > 0, z == 3
     params = pb * np.where(z3, part, P)

@@ -105,7 +105,9 @@ def plan_memory(model: ModelSpec, cluster: Cluster, layout: Layout, setup: Train
         sp = sp.model_copy(update={"total": experts.params_per_gpu(sp.total, routed[index], layout.ep)})
         buffers = model_states.buffer_bytes(model, layout, setup.precision, sp)
         working = {"recompute_segment": act.recompute_working_bytes} if act.recompute_working_bytes else {}
-        kept = act.total_bytes - act.recompute_working_bytes
+        if act.cp_working_bytes:
+            working["cp_attention_buffers"] = act.cp_working_bytes
+        kept = act.total_bytes - act.recompute_working_bytes - act.cp_working_bytes
         total = states.gpu_total_bytes + kept + sum(buffers.values()) + sum(working.values())
         stages.append(
             StageMemory(
@@ -137,7 +139,7 @@ def plan_memory(model: ModelSpec, cluster: Cluster, layout: Layout, setup: Train
 def gpu_reserve(cluster: Cluster, layout: Layout, setup: TrainSetup) -> dict[str, int]:
     """The runtime reserve of one GPU of this layout: one NCCL communicator per parallel group
     of size > 1 (planner.memory.reserve; the sweep uses the same `layout_reserve_bytes`)."""
-    communicators = training_communicators(layout.tp, layout.pp, layout.dp)
+    communicators = training_communicators(layout.tp, layout.pp, layout.dp, layout.cp)
     return layout_reserve_bytes(cluster.gpu, communicators, setup.reserve_gib)
 
 
@@ -145,7 +147,7 @@ def node_stage_ranks(ranks_per_stage: int, pp: int, gpus_per_node: int, num_node
                      edges: tuple[int, ...] | None = None) -> list[dict[int, int]]:
     """Ranks of each pipeline stage on every node whose mix of stages can differ, with
     Megatron-LM's rank order: tp fastest, then dp, then pp (`parallel_state.py`, order
-    "tp-cp-ep-dp-pp"), so global rank r belongs to stage r // (tp*dp) and node r // g.
+    "tp-cp-ep-dp-pp"), so global rank r belongs to stage r // (tp*cp*dp) and node r // g.
 
     A node either holds a stage boundary (its ranks span stages) or lies inside one stage; the
     nodes holding a boundary and, per stage, the first node inside it show every mix. Each
@@ -176,7 +178,7 @@ def node_stage_ranks(ranks_per_stage: int, pp: int, gpus_per_node: int, num_node
 
 def _busiest_node(cluster: Cluster, layout: Layout, host: list[tuple[int, int]]) -> NodeMemory:
     """Host bytes of the node holding the most (`node_stage_ranks`, Megatron's rank order)."""
-    nodes = node_stage_ranks(layout.tp * layout.dp, layout.pp, cluster.node.gpus_per_node,
+    nodes = node_stage_ranks(layout.tp * layout.cp * layout.dp, layout.pp, cluster.node.gpus_per_node,
                              cluster.num_nodes)
     cpu = max(sum(n * host[s][0] for s, n in node.items()) for node in nodes)
     nvme = max(sum(n * host[s][1] for s, n in node.items()) for node in nodes)

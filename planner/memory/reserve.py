@@ -85,12 +85,13 @@ def nccl_buffer_bytes(communicators: int, channels: int = DEFAULT_NCCL_CHANNELS,
     return communicators * channels * connections_per_channel * NCCL_CONNECTION_BYTES
 
 
-def training_communicators(tp: int, pp: int, dp: int) -> int:
-    """NCCL communicators one rank initialises in a tp x pp x dp job: one per parallel group of
-    size > 1 (tensor-parallel all-reduce, pipeline send/recv, data-parallel reduce). PyTorch's
-    ProcessGroupNCCL creates a communicator on a group's first collective, so unused groups
-    cost nothing. APPROXIMATION: Megatron's extra groups (embedding, model-parallel) not counted."""
-    return sum(1 for degree in (tp, pp, dp) if degree > 1)
+def training_communicators(tp: int, pp: int, dp: int, cp: int = 1) -> int:
+    """NCCL communicators one rank initialises in a tp x cp x pp x dp job: one per parallel
+    group of size > 1 (tensor-parallel all-reduce, pipeline send/recv, the gradient reduction
+    over dp x cp ranks, and the context-parallel attention group). PyTorch's ProcessGroupNCCL
+    creates a communicator on a group's first collective, so unused groups cost nothing.
+    APPROXIMATION: Megatron's extra groups (embedding, model-parallel) not counted."""
+    return sum(1 for degree in (tp, pp, dp * cp, cp) if degree > 1)
 
 
 def runtime_reserve_bytes(gpu: GpuSpec, *, communicators: int = 0,
@@ -166,11 +167,12 @@ def reserve_missing_note(gpu: GpuSpec) -> str:
             "with --reserve GIB")
 
 
-def reserve_column(gpu: GpuSpec, override_gib: float | None, tp, pp, dp) -> np.ndarray:
-    """`layout_reserve_bytes` of every layout of columns tp, pp, dp (the sweep's and the
-    strategy table's capacity, the same number plan_memory subtracts): the reserve for 0-3
-    communicators, picked per row by `training_communicators`' count of degrees above 1."""
-    per_count = np.array([sum(layout_reserve_bytes(gpu, n, override_gib).values()) for n in range(4)],
+def reserve_column(gpu: GpuSpec, override_gib: float | None, tp, pp, dp, cp=1) -> np.ndarray:
+    """`layout_reserve_bytes` of every layout of columns tp, pp, dp, cp (the sweep's and the
+    strategy table's capacity, the same number plan_memory subtracts): the reserve for 0-4
+    communicators, picked per row by `training_communicators`' count of groups above 1."""
+    per_count = np.array([sum(layout_reserve_bytes(gpu, n, override_gib).values()) for n in range(5)],
                          dtype=np.int64)
-    count = sum((np.asarray(d) > 1).astype(np.int64) for d in (tp, pp, dp))
+    count = sum((np.asarray(d) > 1).astype(np.int64)
+                for d in (tp, pp, np.asarray(dp) * cp, cp))
     return per_count[count]

@@ -10,7 +10,10 @@ global_batch / (micro_batch*dp). Every combination is masked with the layout rul
 needs m divisible by pp, offload needs ZeRO, NVMe needs ZeRO-3 and a node with NVMe capacity and
 bandwidth, ...), the table whose one-line errors fit and check print; `SweepResult.excluded`
 names the rules that removed combinations. One search rule on top: with dp = 1, ZeRO >= 1 is
-kept only with offload (otherwise it equals ZeRO-0).
+kept only with offload (otherwise it equals ZeRO-0); ZeRO shards over dp x cp ranks, so this
+reads dp·cp = 1. Context parallelism: cp divides GPUs / (tp·pp), 2·cp divides seq_len, both
+comm types (p2p ring, a2a) where the rule table allows them; a cp layout whose micro-batch is a
+multiple of cp is dominated by its cp = 1 twin and not enumerated (`cp_dominated`).
 
 Evaluation (`evaluate`) runs the one model over the candidate columns (`LayoutColumns`): model
 states and buffers (`model_states.state_parts` / `buffer_parts`), activations
@@ -38,8 +41,9 @@ from planner.core import params
 from planner.timing import steptime
 from planner.core.errors import PlanInputError
 from planner.core import rules
-from planner.core.columns import (DP_ENGINES, OFFLOAD_TARGETS, LayoutColumns, group_rows,
-                                  representatives)
+from planner.core.columns import (CP_COMM_TYPES, DP_ENGINES, OFFLOAD_TARGETS, LayoutColumns,
+                                  group_rows, representatives)
+from planner.memory.context import cp_working_bytes, local_seq_len
 from planner.core.spec import (
     GIB, Cluster, EngineBuffers, Frozen, Layout, ModelSpec, OffloadTarget, TrainSetup)
 
@@ -64,6 +68,11 @@ class Constraints(Frozen):
     offload_params: tuple[OffloadTarget, ...] | None = None
     dp_engine: tuple[str, ...] | None = None
     """`Layout.dp_engine` values to search (deepspeed, fsdp2); None: both."""
+    cp: tuple[int, ...] | None = None
+    """Context-parallel degrees to search; None: every cp dividing GPUs / (tp·pp) that the rule
+    table allows (2·cp divides seq_len; flash attention; implementation megatron)."""
+    cp_comm_type: tuple[str, ...] | None = None
+    """`Layout.cp_comm_type` values to search for cp > 1 (p2p, a2a); None: both."""
     recompute: tuple[str, ...] | None = None
     sequence_parallel: tuple[bool, ...] | None = None
     micro_batch: tuple[int, ...] | None = None
@@ -122,31 +131,59 @@ def ep_options(model: ModelSpec, dp: int, c: Constraints) -> list[int]:
 
 
 
+LONG_CONTEXT_TOKENS = 16384
+"""Shortest sequence at which the sweep searches cp > 1 unless `--cp` pins it. NVIDIA's published
+long-context measurements find no gain from context parallelism below 32k tokens: NeMo's "Long
+Sequence Performance" table (Llama 3 8B FP8 on DGX-B200, NeMo 25.04) runs 8k and 16k fastest
+with cp = 1 and first gains 5 % at 32k with cp = 2, and NeMo's long-context recipes start at 16k
+(docs/context_parallel.md). Below it, cp rows only multiply the search (GPT-3 at 2048 tokens:
+22,896 -> 336,624 candidates) with choices no published run makes."""
+
+
+def cp_options(setup: TrainSetup, c: Constraints, ranks: int) -> list[tuple[int, int]]:
+    """(cp, cp_comm_type code) pairs for `ranks` = GPUs / (tp·pp): cp = 1 (p2p), and every cp > 1
+    dividing `ranks` whose 2·cp divides seq_len, with each allowed comm type, when the
+    candidates run fused attention (Layout: cp needs flash attention). Search rule: unpinned,
+    cp > 1 is searched only from LONG_CONTEXT_TOKENS tokens on."""
+    out = [(1, 0)] if _allowed(1, c.cp) else []
+    if not c.flash_attention or (c.cp is None and setup.seq_len < LONG_CONTEXT_TOKENS):
+        return out
+    for cp in _divisors(ranks)[1:]:
+        if _allowed(cp, c.cp) and setup.seq_len % (2 * cp) == 0:
+            out += [(cp, code) for code, name in enumerate(CP_COMM_TYPES)
+                    if _allowed(name, c.cp_comm_type)]
+    return out
+
+
+
 def structures(model: ModelSpec, cluster: Cluster, setup: TrainSetup,
-               c: Constraints) -> list[tuple[int, int, int, int, int, int, int]]:
-    """Every (tp, pp, dp, v, first, last, ep) the constraints allow, tp dividing the GPUs and the
-    rule table's tp rule, dp = GPUs / (tp·pp) dividing the global batch; pp dividing the layers
-    (even stages, first = last = 0) or Megatron's uneven split (`uneven_split`); v dividing
-    every stage's layers; ep from `ep_options`. The rule table checks them again (`enumerate`)."""
+               c: Constraints) -> list[tuple[int, ...]]:
+    """Every (tp, pp, dp, v, first, last, ep, cp, cp_comm_type) the constraints allow, tp
+    dividing the GPUs and the rule table's tp rule; pp dividing the layers (even stages,
+    first = last = 0) or Megatron's uneven split (`uneven_split`); cp from `cp_options`;
+    dp = GPUs / (tp·cp·pp) dividing the global batch; v dividing every stage's layers; ep from
+    `ep_options`. The rule table checks them again (`enumerate`)."""
     n, node = cluster.num_gpus, cluster.node.gpus_per_node
     tps = [t for t in _divisors(n) if _allowed(t, c.tp) and t <= (c.max_tp or n)
            and (t <= node or c.allow_cross_node_tp)]
     out = []
     for tp in (t for t, ok in zip(tps, _tp_ok(model, cluster, setup, tps)) if ok):
         for pp in _divisors(n // tp):
-            dp = n // (tp * pp)
             split = uneven_split(model.num_layers, pp)
             if (model.num_layers % pp and split is None) or not _allowed(pp, c.pp) \
                     or pp > (c.max_pp or n):
                 continue
-            if setup.global_batch % dp or not _allowed(dp, c.dp):
-                continue
             first, last = split or (0, 0)
             stage = math.gcd(first, last, -(-model.num_layers // pp)) if split \
                 else model.num_layers // pp
-            for v in _divisors(stage) if pp > 1 else [1]:
-                if _allowed(v, c.virtual_stages) and v <= (c.max_virtual_stages or v):
-                    out.extend((tp, pp, dp, v, first, last, ep) for ep in ep_options(model, dp, c))
+            for cp, comm in cp_options(setup, c, n // (tp * pp)):
+                dp = n // (tp * pp * cp)
+                if setup.global_batch % dp or not _allowed(dp, c.dp):
+                    continue
+                for v in _divisors(stage) if pp > 1 else [1]:
+                    if _allowed(v, c.virtual_stages) and v <= (c.max_virtual_stages or v):
+                        out.extend((tp, pp, dp, v, first, last, ep, cp, comm)
+                                   for ep in ep_options(model, dp, c))
     return out
 
 
@@ -177,6 +214,17 @@ def micro_batch_options(setup: TrainSetup, c: Constraints) -> list[int]:
     return [2**k for k in range(setup.global_batch.bit_length()) if 2**k <= setup.global_batch]
 
 
+def cp_dominated(pairs: LayoutColumns, c: Constraints) -> np.ndarray:
+    """Search rule: a cp > 1 layout whose micro-batch b is a multiple of cp does the same work as
+    the layout with cp = 1, dp x cp data-parallel ranks and b / cp sequences per micro-batch
+    (the same tokens per GPU per micro-batch, GEMM shapes, gradient group and step FLOPs) without
+    the cp traffic and buffers, which the search also enumerates; it is not enumerated. Kept
+    when cp, dp or the micro-batch is pinned (that twin may be excluded)."""
+    if c.cp is not None or c.dp is not None or c.micro_batch is not None:
+        return np.zeros(len(pairs), dtype=bool)
+    return (pairs["cp"] > 1) & (pairs["micro_batch"] % pairs["cp"] == 0)
+
+
 def enumerate_layouts(model: ModelSpec, cluster: Cluster, setup: TrainSetup,
                       c: Constraints) -> tuple[LayoutColumns, dict[str, int]]:
     """Every valid layout as `LayoutColumns`, and {rule: combinations it removed}.
@@ -187,7 +235,7 @@ def enumerate_layouts(model: ModelSpec, cluster: Cluster, setup: TrainSetup,
     needs tp > 1 dividing seq_len). One search rule on top: ZeRO over one dp rank is DDP unless
     it offloads, so it is not enumerated twice."""
     ctx = rules.Context(model, cluster, setup)
-    struct = _ints(structures(model, cluster, setup, c)).reshape(-1, 7)
+    struct = _ints(structures(model, cluster, setup, c)).reshape(-1, 9)
     micro = _ints(micro_batch_options(setup, c))
     s_idx, b_idx = (a.ravel() for a in np.indices((len(struct), len(micro)), dtype=np.int64))
     dp_s, b_s = struct[s_idx, 2], micro[b_idx]
@@ -195,9 +243,10 @@ def enumerate_layouts(model: ModelSpec, cluster: Cluster, setup: TrainSetup,
                                virtual_stages=struct[s_idx, 3], micro_batch=b_s,
                                grad_accum=setup.global_batch // (dp_s * b_s),
                                first_stage_layers=struct[s_idx, 4],
-                               last_stage_layers=struct[s_idx, 5], ep=struct[s_idx, 6]))
+                               last_stage_layers=struct[s_idx, 5], ep=struct[s_idx, 6],
+                               cp=struct[s_idx, 7], cp_comm_type=struct[s_idx, 8]))
     ok, rejected = rules.mask(ctx, pairs)
-    pairs = pairs.take(ok)
+    pairs = pairs.take(ok & ~cp_dominated(pairs, c))
     states, state_rejected = state_options(model, cluster, setup, c)
     rejected |= state_rejected
     recompute = _ints([RECOMPUTE_MODES.index(r) for r in SEARCHED_RECOMPUTE if _allowed(r, c.recompute)])
@@ -207,11 +256,12 @@ def enumerate_layouts(model: ModelSpec, cluster: Cluster, setup: TrainSetup,
     # the product (pairs x states x recompute x sp, in this nesting order); the rules that read
     # sequence_parallel and the DDP-equivalence pruning are marked on it before any column
     sp_cols = LayoutColumns(dict(tp=np.repeat(pairs["tp"], len(seq_par)),
+                                 cp=np.repeat(pairs["cp"], len(seq_par)),
                                  sequence_parallel=np.tile(seq_par, len(pairs))))
     sp_ok, sp_rejected = rules.mask(ctx, sp_cols)
     rejected |= sp_rejected
     sp_ok = sp_ok.reshape(len(pairs), len(seq_par))
-    zero_ok = (pairs["dp"] > 1)[:, None] | (states[:, 0] == 0) | (states[:, 1] > 0) | (states[:, 2] > 0)
+    zero_ok = (pairs["dp"] * pairs["cp"] > 1)[:, None] | (states[:, 0] == 0) | (states[:, 1] > 0) | (states[:, 2] > 0)
     ep_cols = LayoutColumns(dict(ep=np.repeat(pairs["ep"], len(states)),
                                  zero_stage=np.tile(states[:, 0], len(pairs)),
                                  dp_engine=np.tile(states[:, 3], len(pairs))))
@@ -329,10 +379,12 @@ def hf_activation_column(model: ModelSpec, setup: TrainSetup, rec, b) -> np.ndar
 
 
 def activation_table(model: ModelSpec, setup: TrainSetup, tp: int, rec: int, sp: bool,
-                     flash: bool, micro_batch: int = 1) -> tuple[int, int, int, int, int]:
+                     flash: bool, micro_batch: int = 1, cp: int = 1,
+                     cp_comm: int = 0) -> tuple[int, int, int, int, int]:
     """(one block kept, one dense block kept, first extras, last extras, recompute working)
     bytes at micro_batch = 1 from the activations module (the dense block differs from the
-    first for models mixing dense and MoE blocks; `chunk_bytes` combines them). Every entry is
+    first for models mixing dense and MoE blocks; `chunk_bytes` combines them); context
+    parallelism: at s/cp tokens, the transient cp buffers with the working bytes. Every entry is
     linear in the micro-batch (b multiplies each
     product) and a chunk of n blocks keeps n x one block (`layers_kept_bytes` without every_k).
     hf-* (transformers' modules, not linear in b): `hf_activation_column` replaces this table's
@@ -344,8 +396,9 @@ def activation_table(model: ModelSpec, setup: TrainSetup, tp: int, rec: int, sp:
         block, outside, working = implementations.hf_activation_bytes(
             model, setup, RECOMPUTE_MODES[rec], 1)
         return block, block, outside, 0, working
-    lay = Layout(tp=tp, recompute=RECOMPUTE_MODES[rec], sequence_parallel=sp, flash_attention=flash)
-    s, b, e = setup.seq_len, micro_batch, setup.precision.activation_bytes
+    lay = Layout(tp=tp, recompute=RECOMPUTE_MODES[rec], sequence_parallel=sp, flash_attention=flash,
+                 cp=cp, cp_comm_type=CP_COMM_TYPES[cp_comm])
+    s, b, e = local_seq_len(setup.seq_len, cp), micro_batch, setup.precision.activation_bytes
     f8 = setup.precision.fp8_scaling
     mixed = len(params.block_kinds(model)) == 2
     return (
@@ -354,7 +407,8 @@ def activation_table(model: ModelSpec, setup: TrainSetup, tp: int, rec: int, sp:
         else activations.layers_kept_bytes(model, lay, s, b, e, 1, f8),
         sum(activations.first_stage_extra_bytes(model, lay, s, b, e).values()),
         sum(activations.last_stage_extra_bytes(model, lay, s, b, e).values()),
-        activations.recompute_working_bytes(model, lay, s, b, e, 1, f8),
+        activations.recompute_working_bytes(model, lay, s, b, e, 1, f8)
+        + cp_working_bytes(model, lay, setup.seq_len, b, e),
     )
 
 
@@ -515,9 +569,11 @@ def evaluate(model: ModelSpec, cluster: Cluster, setup: TrainSetup, cands: dict[
 
     fp8 = setup.precision.fp8_scaling is not None  # fp8 scales: not linear in b, table per b
     per_b = np.where(fp8, 1, b)
-    akeys, ainv = _group(tp, rec, sp, b // per_b)
-    act = np.array([activation_table(model, setup, t, r, bool(s), c.flash_attention, mb)
-                    for t, r, s, mb in akeys.tolist()], dtype=np.float64).reshape(-1, 5)
+    cp = cands["cp"] if "cp" in cands else np.ones_like(tp)
+    comm = cands["cp_comm_type"] if "cp_comm_type" in cands else np.zeros_like(tp)
+    akeys, ainv = _group(tp, rec, sp, b // per_b, cp, comm)
+    act = np.array([activation_table(model, setup, t, r, bool(s), c.flash_attention, mb, k, cc)
+                    for t, r, s, mb, k, cc in akeys.tolist()], dtype=np.float64).reshape(-1, 5)
     block, dense, first_x, last_x, working = (act[:, k][ainv] for k in range(5))
     stage_no = tables["stage"][inv]
     chunk_f, chunk_m, chunk_h, chunk_l = chunk_bytes(model, pp, vs, first_l, last_l,
@@ -537,7 +593,7 @@ def evaluate(model: ModelSpec, cluster: Cluster, setup: TrainSetup, cands: dict[
     kinds = np.stack([gpu_first, gpu_mid, gpu_heavy, gpu_last])  # the first maximum wins ties
     peak = kinds.max(axis=0)
     capacity = cluster.gpu.memory_bytes - reserve_column(
-        cluster.gpu, setup.reserve_gib, cands["tp"], cands["pp"], cands["dp"])
+        cluster.gpu, setup.reserve_gib, cands["tp"], cands["pp"], cands["dp"], cp)
     peak_stage = np.take_along_axis(
         np.stack([np.ones_like(pp), stage_no[:, 1], stage_no[:, 2], pp]),
         kinds.argmax(axis=0)[None], axis=0)[0]
@@ -608,6 +664,10 @@ class SweepResult(Frozen):
     product with the other dimensions)."""
     empty_reason: str = ""
     """Why nothing fits, or why nothing was enumerated; empty when `top` is not."""
+    best_without_cp: SweepRow | None = None
+    """When the first ranked layout splits sequences (cp > 1): the best-ranked fitting layout
+    with cp = 1, what context parallelism is compared against (recompute, offload, tp); None
+    otherwise or when no cp = 1 layout fits."""
     seconds: float = 0.0
 
 
@@ -775,6 +835,10 @@ def sweep(model: ModelSpec, cluster: Cluster, setup: TrainSetup, constraints: Co
     ranked = rank_order(cols, np.nonzero(fits)[0], sort, top * 9)
     good = collapse_variants(cands, cols, ranked, top)
     bad = rank_order(cols, np.nonzero(~fits)[0], "step-time", rejected)
+    without_cp = None
+    if good and int(cands["cp"][good[0][0]]) > 1:
+        plain = rank_order(cols, np.nonzero(fits & (cands["cp"] == 1))[0], sort, 1)
+        without_cp = _row(cands, cols, int(plain[0]), c, cluster, True) if len(plain) else None
     return SweepResult(
         **base, fitting=int(fits.sum()), rejected_gpu=int((~ok[0]).sum()),
         rejected_cpu=int((~ok[1]).sum()), rejected_nvme=int((~ok[2]).sum()),
@@ -783,7 +847,7 @@ def sweep(model: ModelSpec, cluster: Cluster, setup: TrainSetup, constraints: Co
             for j in folded]}) for i, folded in good],
         rejected=[_row(cands, cols, int(i), c, cluster, False) for i in bad],
         empty_reason="" if fits.any() else _why_nothing_fits(cols, ok, cluster),
-        seconds=time.perf_counter() - start,
+        best_without_cp=without_cp, seconds=time.perf_counter() - start,
     )
 
 

@@ -110,17 +110,19 @@ class Fp8Efficiencies(NamedTuple):
 
 
 def gemm_efficiencies(model: ModelSpec, cluster: Cluster, setup: TrainSetup, level, micro_batch,
-                      tp, flash_attention: bool, override: float | None = None) -> Fp8Efficiencies:
+                      tp, flash_attention: bool, override: float | None = None,
+                      cp=1) -> Fp8Efficiencies:
     """The block's linears (forward and backward) at the fp8 level with 1-byte elements; the
-    bf16 rest at the block mix of `steptime.matmul_efficiency` as a bf16 run has it. An
-    `--efficiency` override is the fraction of each dtype's own peak."""
+    bf16 rest at the block mix of `steptime.matmul_efficiency` as a bf16 run has it (s / cp
+    tokens per GPU under context parallelism). An `--efficiency` override is the fraction of
+    each dtype's own peak."""
     gpu = cluster.gpu
     ratio = gpu.peak_flops_per_s("fp8") / gpu.peak_flops_per_s("bf16")
     if override is not None:
         return Fp8Efficiencies(override, override, ratio)
     width = model.expert_ffn_size if model.is_moe else model.ffn_hidden_size
     args = (model.hidden_size, width, model.num_heads, model.kv_heads, model.head_size,
-            setup.seq_len, micro_batch, tp)
+            setup.seq_len // np.asarray(cp), micro_batch, tp)
     linears = gemm.forward_gemms(*args, swiglu=model.mlp == "swiglu", flash_attention=True)
     everything = gemm.forward_gemms(*args, swiglu=model.mlp == "swiglu",
                                     flash_attention=flash_attention)
@@ -138,14 +140,14 @@ def mixed_efficiency(eff: Fp8Efficiencies, fp8_share):
     return 1.0 / (fp8_share / (eff.peak_ratio * eff.fp8) + (1.0 - fp8_share) / eff.bf16)
 
 
-def cast_bytes(model: ModelSpec, setup: TrainSetup, micro_batch, tp) -> tuple[object, object]:
+def cast_bytes(model: ModelSpec, setup: TrainSetup, micro_batch, tp, cp=1) -> tuple[object, object]:
     """(forward, backward) HBM bytes of the fp8 casts of one block and one micro-batch per GPU:
     per GEMM input element (forward) and output-gradient element (backward) one bf16 read +
     `CAST_WRITE_BYTES`. Shapes as `gemm.forward_gemms` (named approximation: an MoE block's
     experts at T tokens, as the matmul mix takes them)."""
     width = model.expert_ffn_size if model.is_moe else model.ffn_hidden_size
     linears = gemm.forward_gemms(model.hidden_size, width, model.num_heads, model.kv_heads,
-                                 model.head_size, setup.seq_len, micro_batch, tp,
+                                 model.head_size, setup.seq_len // np.asarray(cp), micro_batch, tp,
                                  swiglu=model.mlp == "swiglu", flash_attention=True)
     per_element = setup.precision.activation_bytes + CAST_WRITE_BYTES[setup.precision.fp8_scaling]
     inputs = sum(np.multiply(g.m, g.k, dtype=np.float64) for g in linears)
@@ -169,9 +171,10 @@ def fp8_work(work, model: ModelSpec, cluster: Cluster, setup: TrainSetup, cols, 
     the memory-bound bytes per layer and micro-batch (full recompute casts its forward again;
     the weights' casts spread over the step's layers and micro-batches)."""
     b, tp, rec, m = cols["micro_batch"], cols["tp"], cols["recompute"], cols["grad_accum"]
-    eff = gemm_efficiencies(model, cluster, setup, level, b, tp, flash_attention, override)
+    cp = cols.get("cp", 1)  # s / cp tokens of each sequence per GPU
+    eff = gemm_efficiencies(model, cluster, setup, level, b, tp, flash_attention, override, cp)
     model_share, recompute_shares = fp8_fractions(model, setup, flash_attention)
-    forward, backward = cast_bytes(model, setup, b, tp)
+    forward, backward = cast_bytes(model, setup, b, tp, cp)
     again = np.where(np.isin(rec, [RECOMPUTE_MODES.index("full"), RECOMPUTE_MODES.index("every_k")]),
                      forward, 0.0)
     weights = weight_cast_bytes(setup, work.stage_params) / (m * work.layers)

@@ -5,7 +5,9 @@ reference (`estimate_step`, one typed layout) and the vectorised sweep (numpy ar
 candidate layout at once, `planner.search.sweep`). Times are seconds, sizes bytes, bandwidths bytes/s.
 
 Placement (Megatron-LM's rank order "tp-cp-ep-dp-pp", `parallel_state.py`): tp ranks are
-adjacent, then dp, then pp. So a tp group leaves the node only when tp > GPUs per node, a dp
+adjacent, then cp, then dp, then pp. Context parallelism (planner/timing/context.py): every
+token-wise term at s/cp tokens, gradients reduced over dp x cp ranks, the ring or all-to-all
+attention traffic as `cp_comm_s`. So a tp group leaves the node only when tp > GPUs per node, a dp
 group holds `min(dp, gpus_per_node // tp)` ranks per node, and pipeline neighbours sit on
 different nodes as soon as the job spans more than one node (the slowest boundary sets the pace).
 When every GPU of a node talks off-node at once, each gets `inter_node_bw / gpus_per_node`.
@@ -35,11 +37,12 @@ from planner.core import flops as flops_mod
 from planner.core import params
 from planner.core.columns import RECOMPUTE_MODES, LayoutColumns, group_rows, on_distinct, piecewise
 from planner.core.errors import PlanInputError
-from planner.timing import collectives, expert, gemm, interference, sharded_dp
+from planner.timing import collectives, context, expert, gemm, interference, sharded_dp
 from planner.timing import fp8 as fp8_timing
 from planner.memory import experts
+from planner.memory.context import local_seq_len
 from planner.memory.fp8 import mfu_peak_dtype
-from planner.memory.model_states import DEFAULT_BUFFERS
+from planner.memory.model_states import DEFAULT_BUFFERS, shard_ranks
 from planner.core.recipes import optimizer_bytes_per_param
 from planner.core.spec import GB, US, Cluster, EngineBuffers, Frozen, Layout, ModelSpec, TrainSetup
 
@@ -55,6 +58,9 @@ class StepEstimate(Frozen):
     """Element-wise kernels (norms, softmax, dropout, bias-GeLU, residual adds) at HBM bandwidth."""
     tp_comm_s: float
     """Tensor-parallel all-reduces (or all-gather + reduce-scatter), on the critical path."""
+    cp_comm_s: float = 0.0
+    """Context-parallel attention communication left exposed: ring KV sends slower than their
+    step's attention, or the Ulysses all-to-alls (planner.timing.context); 0 when cp = 1."""
     pp_comm_s: float
     """Pipeline point-to-point sends of activations and their gradients."""
     bubble_s: float
@@ -420,6 +426,8 @@ class StageWork:
     planner.timing.fp8); None: `efficiency`."""
     ep_comm_s: object = 0.0
     """Expert-parallel all-to-all seconds per step (`expert.ep_comm_s`)."""
+    cp_comm_s: object = 0.0
+    """Exposed context-parallel communication of the step (`context.cp_comm_s`)."""
     stage_rows: object = None
     """Each row's index among the distinct (layers, stage_params) pairs, when the caller knows
     it (the sweep's (tp, pp) table rows); None: found by `state_terms`."""
@@ -455,10 +463,11 @@ def compute_terms(r: Rates, cols: LayoutColumns, work: StageWork) -> dict:
                                              layers, work.act_bytes, cols["sequence_parallel"],
                                              work.tp_allreduces)
     bubble = bubble_time_s(cols["pp"], m, cols["virtual_stages"],
-                           compute + recompute + memory + tp_comm + work.ep_comm_s,
-                           work.fill_stages)
+                           compute + recompute + memory + tp_comm + work.ep_comm_s
+                           + work.cp_comm_s, work.fill_stages)
     return dict(compute_s=compute, recompute_s=recompute, memory_bound_s=memory,
-                tp_comm_s=tp_comm, pp_comm_s=pp_comm, bubble_s=bubble, ep_comm_s=work.ep_comm_s,
+                tp_comm_s=tp_comm, cp_comm_s=work.cp_comm_s, pp_comm_s=pp_comm, bubble_s=bubble,
+                ep_comm_s=work.ep_comm_s,
                 fwd_mb_s=fwd_mb, bwd_mb_s=bwd_mb)
 
 
@@ -502,7 +511,7 @@ def state_terms(r: Rates, cols: LayoutColumns, layers, stage_params, shard_param
     the group's real bandwidth per level (`dp_collective_s`); ZeRO-3 follows DeepSpeed's
     per-layer, per-micro-batch schedule (`zero3_comm`)."""
     node, m = r.gpus_per_node, cols["grad_accum"]
-    tp, dp, zero = cols["tp"], cols["dp"], cols["zero_stage"]
+    tp, dp, zero = cols["tp"], shard_ranks(cols), cols["zero_stage"]  # dp x cp ranks
     opt_target, param_target = cols["offload_optimizer"], cols["offload_params"]
     grad_b, param_b = sizes.grad_bytes, sizes.param_bytes
     dp_local = np.minimum(np.maximum(node // tp, 1), dp)  # dp ranks sharing a node
@@ -550,8 +559,9 @@ def state_terms(r: Rates, cols: LayoutColumns, layers, stage_params, shard_param
                 cpu_optimizer_s=cpu, gpu_optimizer_s=gpu_opt)
 
 
-EXPOSED = ("compute_s", "recompute_s", "memory_bound_s", "tp_comm_s", "pp_comm_s", "bubble_s",
-           "dp_comm_exposed_s", "offload_s", "cpu_optimizer_s", "gpu_optimizer_s", "ep_comm_s")
+EXPOSED = ("compute_s", "recompute_s", "memory_bound_s", "tp_comm_s", "cp_comm_s", "pp_comm_s",
+           "bubble_s", "dp_comm_exposed_s", "offload_s", "cpu_optimizer_s", "gpu_optimizer_s",
+           "ep_comm_s")
 """The terms whose sum is the step time (`StepEstimate.step_s`)."""
 
 
@@ -603,7 +613,7 @@ def zero_shard_params(stage_params, dp, zero):
 
 
 def matmul_efficiency(model: ModelSpec, cluster: Cluster, setup: TrainSetup, level, micro_batch,
-                      tp, flash_attention: bool, override: float | None = None):
+                      tp, flash_attention: bool, override: float | None = None, cp=1):
     """Efficiency of each row's matmuls: the `--efficiency` override as one constant, otherwise
     one block's forward and backward GEMMs each at its real shape under tp and micro-batch
     (`gemm.block_efficiency`; `level` = the profile's `achieved_efficiency`). Named
@@ -611,21 +621,22 @@ def matmul_efficiency(model: ModelSpec, cluster: Cluster, setup: TrainSetup, lev
     GEMMs are taken at all T tokens of the micro-batch)."""
     if override is not None:
         return override
-    tp, micro_batch = np.broadcast_arrays(tp, micro_batch)
+    tp, micro_batch, cp = np.broadcast_arrays(tp, micro_batch, cp)
     if tp.ndim != 1:
-        return block_matmul_efficiency(model, cluster, setup, level, micro_batch, tp, flash_attention)
-    # it depends on (tp, micro_batch) only: once per distinct pair, gathered back to every row
+        return block_matmul_efficiency(model, cluster, setup, level, micro_batch, tp,
+                                       flash_attention, cp)
+    # it depends on (tp, micro_batch, cp) only: once per distinct triple, gathered to every row
     return on_distinct(lambda rows: {"eff": block_matmul_efficiency(
-        model, cluster, setup, level, micro_batch[rows], tp[rows], flash_attention)},
-        tp, micro_batch)["eff"]
+        model, cluster, setup, level, micro_batch[rows], tp[rows], flash_attention, cp[rows])},
+        tp, micro_batch, cp)["eff"]
 
 
 def block_matmul_efficiency(model: ModelSpec, cluster: Cluster, setup: TrainSetup, level,
-                            micro_batch, tp, flash_attention: bool):
-    """`matmul_efficiency` without the override, on every element of (tp, micro_batch)."""
+                            micro_batch, tp, flash_attention: bool, cp=1):
+    """`matmul_efficiency` without the override, on every element of (tp, micro_batch, cp)."""
     width = model.expert_ffn_size if model.is_moe else model.ffn_hidden_size
     fwd = gemm.forward_gemms(model.hidden_size, width, model.num_heads, model.kv_heads,
-                             model.head_size, setup.seq_len, micro_batch, tp,
+                             model.head_size, local_seq_len(setup.seq_len, cp), micro_batch, tp,
                              swiglu=model.mlp == "swiglu", flash_attention=flash_attention)
     dtype = setup.precision.compute_dtype
     return gemm.block_efficiency(cluster.gpu, dtype, level, fwd + gemm.backward_gemms(fwd),
@@ -659,22 +670,27 @@ def step_columns(model: ModelSpec, cluster: Cluster, setup: TrainSetup, cols: La
     elementwise_code = np.array([RECOMPUTE_CODE[mode] for mode in RECOMPUTE_MODES])[rec]
     per_gpu = layers * cols["pp"] / model.num_layers / r.num_gpus  # slowest stage's share
     prec, b = setup.precision, cols["micro_batch"]
-    token_b, score_b = elementwise_layer_bytes(model, setup.seq_len, b, cols["tp"],
+    cp = cols.get("cp", 1)
+    tokens = local_seq_len(setup.seq_len, cp)  # s / cp tokens of each sequence per GPU
+    token_b, score_b = elementwise_layer_bytes(model, tokens, b, cols["tp"],
                                                cols["sequence_parallel"], flash_attention,
                                                prec.activation_bytes)
+    eff = matmul_efficiency(model, cluster, setup, r.efficiency, b, cols["tp"], flash_attention,
+                            efficiency, cp)
     work = StageWork(
         layers=layers, stage_params=stage_params,
-        shard_params=zero_shard_params(stage_params, cols["dp"], cols["zero_stage"]),
-        act_bytes=b * float(setup.seq_len * model.hidden_size * prec.activation_bytes),
+        shard_params=zero_shard_params(stage_params, shard_ranks(cols), cols["zero_stage"]),
+        act_bytes=b * (tokens * float(model.hidden_size * prec.activation_bytes)),
         tp_allreduces=allreduces[rec],
         elementwise_bytes=elementwise_step_bytes(token_b, score_b, elementwise_code),
         elementwise_fwd_bytes=token_b + score_b,
         fwd_flops=per_mode("forward_flops") * per_gpu, bwd_flops=per_mode("backward_flops") * per_gpu,
         recompute_flops=per_mode("recompute_flops") * per_gpu,
-        efficiency=matmul_efficiency(model, cluster, setup, r.efficiency, b, cols["tp"],
-                                     flash_attention, efficiency),
-        fill_stages=(model.num_layers - layers) / layers, stage_rows=stage_rows,
-        ep_comm_s=expert.ep_comm_s(model, setup, cols, r))
+        efficiency=eff, fill_stages=(model.num_layers - layers) / layers, stage_rows=stage_rows,
+        ep_comm_s=expert.ep_comm_s(model, setup, cols, r),
+        cp_comm_s=context.cp_comm_s(model, setup.seq_len, cols, layers, r.peak_flops_per_s, eff,
+                                    prec.activation_bytes, r.gpus_per_node, r.intra_bw,
+                                    r.intra_lat, r.inter_bw_per_gpu, r.inter_lat))
     if prec.fp8_scaling is not None:  # fp8 GEMMs at the fp8 peak, casts (planner.timing.fp8)
         work = fp8_timing.fp8_work(work, model, cluster, setup, cols, r.efficiency,
                                    flash_attention, efficiency)
@@ -699,7 +715,7 @@ def estimate_step(model: ModelSpec, cluster: Cluster, layout: Layout, setup: Tra
     """Step time of one layout: `step_columns` of its length-1 columns."""
     cluster_rates(cluster, setup, efficiency)  # input errors first
     if layout.num_gpus != cluster.num_gpus:
-        raise PlanInputError("layout", f"tp*pp*dp = {layout.num_gpus} must equal the cluster's "
+        raise PlanInputError("layout", f"tp*{'cp*' if layout.cp > 1 else ''}pp*dp = {layout.num_gpus} must equal the cluster's "
                                        f"GPUs {cluster.num_gpus}")
     layers, stage_params = stage_layers_and_params(model, layout.tp, layout.pp,
                                                    layout.first_stage_layers,

@@ -133,7 +133,11 @@ OptimizerOpt = Annotated[Optional[str], typer.Option(
 
 _TP = "Tensor-parallel degree."
 _PP = "Pipeline-parallel degree."
-_DP = "Data-parallel degree (default: GPUs/(tp*pp))."
+_DP = "Data-parallel degree (default: GPUs/(tp*pp)); GPUs/(tp*cp*pp) with --cp."
+_CP = ("Context-parallel degree: each sequence split over cp GPUs (Megatron "
+       "--context-parallel-size; default 1).")
+_CP_COMM = ("Context-parallel attention: p2p (ring, Megatron's default) or a2a (Ulysses-style "
+            "all-to-all; tp*cp must divide the heads and kv heads).")
 _VP = "Virtual pipeline stages per rank (interleaved 1F1B)."
 _ZERO = "ZeRO stage 0-3."
 _MICRO = "Sequences per micro-batch per GPU (default: 1, or the engine config's)."
@@ -150,6 +154,9 @@ TpOpt = Annotated[Optional[int], typer.Option("--tp", min=1, callback=int64, hel
 PpOpt = Annotated[Optional[int], typer.Option("--pp", min=1, callback=int64, help=_PP, rich_help_panel=LAYOUT)]
 DpOpt = Annotated[Optional[int], typer.Option("--dp", min=1, callback=int64, help=_DP, rich_help_panel=LAYOUT)]
 EpOpt = Annotated[Optional[int], typer.Option("--ep", min=1, callback=int64, help=_EP, rich_help_panel=LAYOUT)]
+CpOpt = Annotated[Optional[int], typer.Option("--cp", min=1, callback=int64, help=_CP, rich_help_panel=LAYOUT)]
+CpCommTypeOpt = Annotated[Optional[str], typer.Option(
+    "--cp-comm-type", help=_CP_COMM, rich_help_panel=LAYOUT)]
 VirtualStagesOpt = Annotated[Optional[int], typer.Option(
     "--virtual-stages", min=1, callback=int64, help=_VP, rich_help_panel=LAYOUT)]
 _FIRST = ("Blocks on the first pipeline stage, as Megatron-LM's "
@@ -191,6 +198,9 @@ TpPinsOpt = Annotated[Optional[str], typer.Option("--tp", help=_TP + _PINS, rich
 PpPinsOpt = Annotated[Optional[str], typer.Option("--pp", help=_PP + _PINS, rich_help_panel=LAYOUT)]
 DpPinsOpt = Annotated[Optional[str], typer.Option("--dp", help=_DP + _PINS, rich_help_panel=LAYOUT)]
 EpPinsOpt = Annotated[Optional[str], typer.Option("--ep", help=_EP + _PINS, rich_help_panel=LAYOUT)]
+CpPinsOpt = Annotated[Optional[str], typer.Option("--cp", help=_CP + _PINS, rich_help_panel=LAYOUT)]
+CpCommTypePinsOpt = Annotated[Optional[str], typer.Option(
+    "--cp-comm-type", help=_CP_COMM + _PINS, rich_help_panel=LAYOUT)]
 VirtualStagesPinsOpt = Annotated[Optional[str], typer.Option(
     "--virtual-stages", help=_VP + _PINS, rich_help_panel=LAYOUT)]
 ZeroPinsOpt = Annotated[Optional[str], typer.Option("--zero", help=_ZERO + _PINS, rich_help_panel=LAYOUT)]
@@ -296,19 +306,20 @@ def layout_from_flags(
 ) -> tuple[Layout, int]:
     """The layout the flags describe, with dp and grad_accum derived when not given.
 
-    dp = GPUs / (tp*pp); grad_accum = global_batch / (micro_batch*dp), or pp when no global batch
-    is given (`default_global_batch`). Returns the layout and the global batch.
+    dp = GPUs / (tp*cp*pp); grad_accum = global_batch / (micro_batch*dp), or pp when no global
+    batch is given (`default_global_batch`). Returns the layout and the global batch.
     """
     from planner.core.spec import Layout
 
-    tp, pp = int(fields["tp"] or 1), int(fields["pp"] or 1)
+    tp, pp, cp = int(fields["tp"] or 1), int(fields["pp"] or 1), int(fields.get("cp") or 1)
     dp = fields.pop("dp")
     if dp is None:
-        if cluster.num_gpus % (tp * pp):
+        if cluster.num_gpus % (tp * cp * pp):
+            names, values = ("tp*cp*pp", f"{tp}*{cp}*{pp}") if cp > 1 else ("tp*pp", f"{tp}*{pp}")
             raise PlanInputError(
-                "dp", f"GPUs {cluster.num_gpus} are not divisible by tp*pp = {tp}*{pp}"
+                "dp", f"GPUs {cluster.num_gpus} are not divisible by {names} = {values}"
             )
-        dp = cluster.num_gpus // (tp * pp)
+        dp = cluster.num_gpus // (tp * cp * pp)
     micro = int(fields["micro_batch"] or 1)
     fields["micro_batch"] = micro
     grad_accum = fields.pop("grad_accum")

@@ -26,6 +26,8 @@ def export(
     pp: opt.PpOpt = None,
     dp: opt.DpOpt = None,
     ep: opt.EpOpt = None,
+    cp: opt.CpOpt = None,
+    cp_comm_type: opt.CpCommTypeOpt = None,
     vp: opt.VirtualStagesOpt = None,
     first_stage_layers: opt.FirstStageLayersOpt = None,
     dp_engine: opt.DpEngineOpt = None,
@@ -72,7 +74,8 @@ def export(
 
         refuse_existing(output, force)  # before any work: nothing is written on a refusal
     layout_fields = dict(
-        tp=tp, pp=pp, dp=dp, ep=ep, virtual_stages=vp, first_stage_layers=first_stage_layers,
+        tp=tp, pp=pp, dp=dp, ep=ep, cp=cp, cp_comm_type=cp_comm_type, virtual_stages=vp,
+        first_stage_layers=first_stage_layers,
         last_stage_layers=last_stage_layers, dp_engine=dp_engine, zero_stage=zero, offload_optimizer=offload_optimizer,
         offload_params=offload_params, recompute=recompute, recompute_every_k=recompute_every_k,
         sequence_parallel=sequence_parallel, flash_attention=flash_attention, micro_batch=micro_batch,

@@ -106,6 +106,8 @@ def register(app: typer.Typer) -> None:
         pp: opt.PpPinsOpt = None,
         dp: opt.DpPinsOpt = None,
         ep: opt.EpPinsOpt = None,
+        cp: opt.CpPinsOpt = None,
+        cp_comm_type: opt.CpCommTypePinsOpt = None,
         virtual_stages: opt.VirtualStagesPinsOpt = None,
         zero: opt.ZeroPinsOpt = None,
         micro_batch: opt.MicroBatchPinsOpt = None,
@@ -169,6 +171,8 @@ def register(app: typer.Typer) -> None:
         buffers = _deepspeed_buffers(deepspeed, spec.hidden_size, console)
         constraints = sweep.Constraints(
             tp=_ints("tp", tp), pp=_ints("pp", pp), dp=_ints("dp", dp), ep=_ints("ep", ep),
+            cp=_ints("cp", cp),
+            cp_comm_type=_choices("cp_comm_type", cp_comm_type, columns.CP_COMM_TYPES),
             virtual_stages=_ints("virtual_stages", virtual_stages), zero_stage=_ints("zero", zero),
             micro_batch=_ints("micro_batch", micro_batch),
             recompute=_choices("recompute", recompute, sweep.RECOMPUTE_MODES),

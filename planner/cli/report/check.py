@@ -33,6 +33,7 @@ def layout_label(result: CheckResult) -> str:
     lay = result.layout
     parts = [f"tp{lay.tp} pp{lay.pp} dp{lay.dp}"]
     parts += [f"ep{lay.ep}"] if lay.ep > 1 else []
+    parts += [f"cp{lay.cp} {lay.cp_comm_type}"] if lay.cp > 1 else []
     parts += [f"v{lay.virtual_stages}"] if lay.virtual_stages > 1 else []
     parts += [f"zero{lay.zero_stage}"] if lay.zero_stage else []
     parts += [lay.dp_engine] if lay.dp_engine != "deepspeed" else []

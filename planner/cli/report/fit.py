@@ -73,6 +73,8 @@ def _layout_line(result: FitResult) -> str:
         parts.insert(3, f"ep={layout.ep}")
     if layout.virtual_stages > 1:
         parts.append(f"virtual_stages={layout.virtual_stages}")
+    if layout.cp > 1:
+        parts.insert(3, f"cp={layout.cp} ({layout.cp_comm_type})")
     if layout.first_stage_layers is not None or layout.last_stage_layers is not None:
         parts.append(f"first/last_stage_layers={layout.first_stage_layers}/{layout.last_stage_layers}")
     if layout.offload_optimizer != "none":

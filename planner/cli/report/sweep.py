@@ -15,8 +15,8 @@ from planner.search.sweep import SweepResult, SweepRow
 
 
 def layout_label(row: SweepRow) -> str:
-    """Short description of the non-default choices: `z3 off=cpu/- rc=sel sp L=7/7` (L: the
-    uneven first / last stage layers)."""
+    """Short description of the non-default choices: `z3 off=cpu/- rc=sel sp L=7/7 ring` (L: the
+    uneven first / last stage layers; ring / a2a: the context-parallel comm type when cp > 1)."""
     lay = row.layout
     parts = [f"z{lay.zero_stage}" + (" fsdp2" if lay.dp_engine == "fsdp2" else "")]
     if lay.ep > 1:
@@ -30,12 +30,14 @@ def layout_label(row: SweepRow) -> str:
         parts.append("sp")
     if lay.first_stage_layers or lay.last_stage_layers:  # Megatron's uneven first / last stage
         parts.append(f"L={lay.first_stage_layers or '-'}/{lay.last_stage_layers or '-'}")
+    if lay.cp > 1:
+        parts.append("ring" if lay.cp_comm_type == "p2p" else "a2a")
     return " ".join(parts)
 
 
 def _layout_cells(row: SweepRow) -> list[str]:
     lay = row.layout
-    return [str(lay.tp), str(lay.pp), str(lay.dp), str(lay.virtual_stages), layout_label(row),
+    return [str(lay.tp), str(lay.pp), str(lay.dp), str(lay.cp), str(lay.virtual_stages), layout_label(row),
             str(lay.micro_batch), str(lay.grad_accum)]
 
 
@@ -44,7 +46,7 @@ def ranked_table(result: SweepResult) -> Table:
     table = new_table(f"{result.model} on {result.cluster}: {result.num_gpus} GPUs, "
                         f"best {len(result.top)} of {result.fitting} fitting "
                         f"({result.evaluated} evaluated), by {result.sort}")
-    for name in ("#", "tp", "pp", "dp", "v", "states", "mb", "ga", "step", "tok/s", "MFU",
+    for name in ("#", "tp", "pp", "dp", "cp", "v", "states", "mb", "ga", "step", "tok/s", "MFU",
                  "days", "GPU-h", "peak GiB", "free GiB"):
         table.add_column(name, justify="left" if name == "states" else "right")
     for rank, row in enumerate(result.top, start=1):
@@ -54,6 +56,24 @@ def ranked_table(result: SweepResult) -> Table:
                       f"{est.gpu_hours:,.0f}", f"{row.gpu_peak_bytes / GIB:,.1f}",
                       f"{row.headroom_bytes / GIB:,.1f}")
     return table
+
+
+def cp_note(result: SweepResult) -> list[str]:
+    """Why the first layout splits sequences: what it saves against the best layout without
+    context parallelism (`SweepResult.best_without_cp`)."""
+    if not result.top or result.top[0].layout.cp == 1:
+        return []
+    best, lay = result.top[0], result.top[0].layout
+    line = (f"#1 splits each sequence over cp={lay.cp} GPUs ({lay.cp_comm_type}; exposed cp "
+            f"traffic {best.estimate.cp_comm_s:.2f} s)")
+    plain = result.best_without_cp
+    if plain is None:
+        return [line + "; no layout without context parallelism fits"]
+    est, p = plain.estimate, plain.layout
+    return [line + f"; the best without it, tp {p.tp} pp {p.pp} dp {p.dp} {layout_label(plain)}, "
+            f"takes {fmt_seconds(est.step_s)} (recompute {est.recompute_s:.2f} s, offload "
+            f"{est.offload_s:.2f} s, tp {est.tp_comm_s:.2f} s): "
+            f"{1 - best.estimate.step_s / est.step_s:.1%} less step time with cp"]
 
 
 def variant_notes(result: SweepResult) -> list[str]:
@@ -70,7 +90,7 @@ def breakdown_table(row: SweepRow) -> Table:
     table.add_column("term")
     table.add_column("seconds", justify="right")
     table.add_column("share", justify="right")
-    for name in ("compute_s", "recompute_s", "memory_bound_s", "tp_comm_s", "pp_comm_s",
+    for name in ("compute_s", "recompute_s", "memory_bound_s", "tp_comm_s", "cp_comm_s", "pp_comm_s",
                  "bubble_s", "dp_comm_exposed_s", "offload_s", "cpu_optimizer_s",
                  "gpu_optimizer_s", "ep_comm_s"):
         value = getattr(est, name)
@@ -82,7 +102,7 @@ def breakdown_table(row: SweepRow) -> Table:
 def rejected_table(result: SweepResult) -> Table:
     """The fastest layouts that do not fit, and why."""
     table = new_table(f"fastest rejected layouts ({result.evaluated - result.fitting} rejected)")
-    for name in ("tp", "pp", "dp", "v", "states", "mb", "ga", "step", "rejected because"):
+    for name in ("tp", "pp", "dp", "cp", "v", "states", "mb", "ga", "step", "rejected because"):
         table.add_column(name, justify="left" if name in ("states", "rejected because") else "right")
     for row in result.rejected:
         table.add_row(*_layout_cells(row), fmt_seconds(row.estimate.step_s), row.reason)
@@ -92,13 +112,13 @@ def rejected_table(result: SweepResult) -> Table:
 def scaling_table(results: list[SweepResult]) -> Table:
     """Best layout per GPU count; scaling efficiency = tokens/s per GPU vs the first count."""
     table = new_table("scaling: best layout per GPU count")
-    for name in ("GPUs", "tp", "pp", "dp", "v", "states", "mb", "ga", "step", "tokens/s", "MFU",
+    for name in ("GPUs", "tp", "pp", "dp", "cp", "v", "states", "mb", "ga", "step", "tokens/s", "MFU",
                  "days", "scaling eff."):
         table.add_column(name, justify="left" if name == "states" else "right")
     base = None
     for result in results:
         if not result.top:
-            table.add_row(str(result.num_gpus), *["-"] * 11, "no fit")
+            table.add_row(str(result.num_gpus), *["-"] * 12, "no fit")
             continue
         row = result.top[0]
         per_gpu = row.estimate.tokens_per_s / result.num_gpus
@@ -114,7 +134,7 @@ def render(console: Console, results: list[SweepResult]) -> None:
     for result in results:
         if result.top:
             console.print(ranked_table(result))
-            for line in variant_notes(result):
+            for line in variant_notes(result) + cp_note(result):
                 console.print(line, soft_wrap=True, highlight=False)
             console.print(breakdown_table(result.top[0]))
         else:
