@@ -63,7 +63,7 @@ def _contention(parts: HardwareParts) -> None:
     if not parts.contention:
         print("no contention probes in these parts (one rank, or an older parts file)")
         return
-    print("contention, slowdown of the slowest rank with 2 ranks at once (alone ms -> together ms):")
+    print("contention: slowdown with 2 ranks at once, mean over the ranks (alone ms -> together ms, per rank):")
     for c in parts.contention:
         alone = "/".join(f"{t * 1e3:.3g}" for t in c.alone_s)
         together = "/".join(f"{t * 1e3:.3g}" for t in c.together_s)

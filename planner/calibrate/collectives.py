@@ -25,6 +25,7 @@ import torch
 import torch.distributed as dist
 
 from planner.calibrate.fits import fit_alpha_beta
+from planner.calibrate.hardware import use_clock
 from planner.calibrate.contention import measure_contention
 from planner.calibrate.parts import CollectiveFit, ContentionPoint
 from planner.core.errors import PlanInputError
@@ -230,6 +231,7 @@ def spawned_worker(rank: int, world: int, store_dir: str, cfg: dict) -> None:
 
     warnings.simplefilter("ignore", FutureWarning)  # all_gather_into_tensor's rename notice
     torch.set_num_threads(cfg["threads"])
+    use_clock(cfg.get("clock", "wall"))  # the contention probes time with the parts' clock
     device = rank_device(rank, cfg["device"])
     init("nccl" if device.type == "cuda" else "gloo", cfg["timeout_s"], rank, world, store_dir)
     try:

@@ -34,6 +34,7 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 
+from planner.calibrate.hardware import now
 from planner.calibrate.parts import ContentionPoint
 
 GEMM_SIDE = {"cpu": 512, "cuda": 8192}
@@ -77,7 +78,9 @@ def probe(kind: str, device: torch.device, buffer_bytes: int = 0) -> tuple[Calla
 
 
 def timed(fn: Callable[[], object], device: torch.device, reps: int) -> list[float]:
-    """Seconds of each of `reps` runs: wall clock on a CPU, events on the current stream on CUDA."""
+    """Seconds of each of `reps` runs: on a CPU the parts' clock (`hardware.use_clock`: wall, or the
+    thread's CPU time, which leaves out time-slicing and keeps cache / DRAM sharing), events on the
+    current stream on CUDA."""
     out = []
     for _ in range(reps):
         if device.type == "cuda":
@@ -88,9 +91,9 @@ def timed(fn: Callable[[], object], device: torch.device, reps: int) -> list[flo
             end.synchronize()
             out.append(start.elapsed_time(end) / 1e3)
         else:
-            t0 = time.perf_counter()
+            t0 = now()
             fn()
-            out.append(time.perf_counter() - t0)
+            out.append(now() - t0)
     return out
 
 

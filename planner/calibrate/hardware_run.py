@@ -133,7 +133,8 @@ def stamp(device: torch.device, threads: int, world: int, nodes: int) -> dict:
 def collective_cfg(cfg: HardwareConfig, device: torch.device, threads: int) -> dict:
     return {"threads": threads, "device": device.type, "timeout_s": cfg.timeout_s,
             "sizes": list(coll.message_sizes(cfg.max_message_bytes, device.type)), "ops": list(BUS_OPS),
-            "stall_rank": cfg.stall_rank, "stall_s": cfg.stall_s, "copy_max_bytes": cfg.kernel_max_bytes}
+            "stall_rank": cfg.stall_rank, "stall_s": cfg.stall_s, "copy_max_bytes": cfg.kernel_max_bytes,
+            "clock": cfg.clock}
 
 
 def check_config(cfg: HardwareConfig) -> None:
