@@ -3,7 +3,8 @@
 Ops: all-reduce, all-gather (into one tensor), reduce-scatter (from one tensor), all-to-all
 (single tensor) and send/recv (each rank sends to the next and receives from the previous, as
 nccl-tests' sendrecv does). Sizes are nccl-tests' (NVIDIA/nccl-tests doc/PERFORMANCE.md).
-Levels: `intra` is the ranks of one node (every node's group runs at once, node 0's is timed);
+After the collectives, the contention probes (planner.calibrate.contention) run on each node's
+ranks. Levels: `intra` is the ranks of one node (every node's group runs at once, node 0's is timed);
 `inter` is one rank per node (the ranks of local rank 0; timed when there are >= 2 nodes).
 
 Two launchers, no other: a single machine is `torch.multiprocessing.spawn` meeting through a
@@ -25,8 +26,8 @@ import torch
 import torch.distributed as dist
 
 from planner.calibrate.fits import fit_alpha_beta
-from planner.calibrate.hardware import use_clock
 from planner.calibrate.contention import measure_contention
+from planner.calibrate.hardware import use_clock
 from planner.calibrate.parts import CollectiveFit, ContentionPoint
 from planner.core.errors import PlanInputError
 
@@ -181,8 +182,13 @@ def measure_all_levels(sizes, ops, device, world: int, local_world: int, timeout
 
 
 def _guarded_contention(device, group, copy_max_bytes: int | None) -> list[ContentionPoint]:
+    def tick(done: int, total: int, what: str) -> None:
+        if dist.get_rank() == 0:
+            print(f"\rcontention {done}/{total}: {what}      ", end="\n" if done == total else "",
+                  file=sys.stderr, flush=True)
+
     try:
-        return measure_contention(device, group, copy_max_bytes)
+        return measure_contention(device, group, copy_max_bytes, progress=tick)
     except Exception as err:  # noqa: BLE001 - c10d raises RuntimeError / DistBackendError
         raise CollectiveFailed("all_reduce", 0, "during the contention probes: " + " ".join(str(err).split())[:300]) from None
 

@@ -162,12 +162,14 @@ def probe_rounds(fn, device, reps: int, group) -> tuple[float, float, float]:
 
 
 def measure_contention(device: torch.device, group, copy_max_bytes: int | None = None,
-                       phase_budget_s: float = PHASE_BUDGET_S) -> list[ContentionPoint]:
+                       phase_budget_s: float = PHASE_BUDGET_S,
+                       progress: Callable[[int, int, str], None] | None = None) -> list[ContentionPoint]:
     """Every probe alone, together and with a collective on `group`; the group's rank 0 returns the
-    points (the others an empty list)."""
+    points (the others an empty list). `progress(done, total, probe)` after each probe."""
     ranks = dist.get_world_size(group)
     points = []
-    for kind, buffer_bytes in probes(device, copy_max_bytes):
+    todo = probes(device, copy_max_bytes)
+    for done, (kind, buffer_bytes) in enumerate(todo, 1):
         fn, what = probe(kind, device, buffer_bytes)
         fn()
         once = statistics.median(timed(fn, device, 3))
@@ -180,4 +182,6 @@ def measure_contention(device: torch.device, group, copy_max_bytes: int | None =
             points += [ContentionPoint(**common, with_collective=False, together_s=t),
                        ContentionPoint(**common, with_collective=True, together_s=c,
                                        collective=f"all_reduce of {COLLECTIVE_BYTES[device.type] // 2**20} MiB, queued async")]
+        if progress:
+            progress(done, len(todo), what)
     return points
