@@ -1,14 +1,19 @@
 """Parts measured, whole predicted: `zplan calibrate hardware` on this CPU machine.
 
-1. Calibrate the parts (GEMM table, kernel curves, Adam, gloo collectives on 2 processes).
+1. Calibrate the parts (GEMM table, kernel curves, Adam, gloo collectives on 2 processes, and
+   the contention probes: GEMM / copies / dispatch with both ranks at once, and with an
+   all-reduce in flight).
 2. Predict, from the parts only, the step time of the held-apart configurations of
-   planner/calibrate/heldout.py (two model sizes, micro-batches 1/2/4/8, 1 and 2 processes,
-   DDP / FSDP2 / ZeRO-1), then run them for real and print predicted vs measured per term.
+   planner/calibrate/heldout.py, then run them for real and print predicted vs measured per term:
+   the SEEN set (the four configurations the predictor was developed next to) and the NEW set
+   (five configurations committed before any of them was run) in separate tables.
 No efficiency or time of any of these steps is used to fit anything. Goal: step within 15 %.
+The machine load (`uptime`'s 1-minute load average) is printed with every row.
 
     python benchmarks/calibrate_hardware.py                  # wall clock (a quiet machine)
     python benchmarks/calibrate_hardware.py --clock thread   # each rank's CPU time (a shared machine)
     python benchmarks/calibrate_hardware.py --parts parts.json   # reuse saved parts, steps only
+    python benchmarks/calibrate_hardware.py --set new        # only the NEW held-out set
 
 Not a test: nothing asserts; a shared machine makes every figure noisy. Runtime ~2-5 min.
 """
@@ -16,6 +21,7 @@ Not a test: nothing asserts; a shared machine makes every figure noisy. Runtime 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
@@ -24,7 +30,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from planner.calibrate.hardware_run import HardwareConfig, calibrate_local  # noqa: E402
-from planner.calibrate.heldout import step_configs  # noqa: E402
+from planner.calibrate.heldout import new_heldout_configs, step_configs  # noqa: E402
 from planner.calibrate.parts import HardwareParts  # noqa: E402
 from planner.calibrate.predict import predict_step  # noqa: E402
 from planner.calibrate.steps import measure_step  # noqa: E402
@@ -48,32 +54,69 @@ def _ms(seconds: float | None) -> str:
     return "n/a" if seconds is None else f"{seconds * 1e3:.1f}"
 
 
+def _load() -> str:
+    """The 1-minute load average (as `uptime` prints it)."""
+    return f"{os.getloadavg()[0]:.2f}"
+
+
+def _contention(parts: HardwareParts) -> None:
+    if not parts.contention:
+        print("no contention probes in these parts (one rank, or an older parts file)")
+        return
+    print("contention: slowdown with 2 ranks at once, mean over the ranks (alone ms -> together ms, per rank):")
+    for c in parts.contention:
+        alone = "/".join(f"{t * 1e3:.3g}" for t in c.alone_s)
+        together = "/".join(f"{t * 1e3:.3g}" for t in c.together_s)
+        print(f"  {c.probe:<36} {'with all-reduce' if c.with_collective else 'quiet':<15} "
+              f"x{c.slowdown:.2f}  ({alone} -> {together} ms)")
+
+
+def _table(title: str, configs, parts: HardwareParts) -> list[float]:
+    bare = parts.model_copy(update={"contention": ()})
+    print(f"\n{title}\n\n| configuration | params | step pred ms | (no contention) | step meas ms | error | "
+          "(no contention) | compute p / m | comm p / m | optimizer p / m | load |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    errors, bare_errors = [], []
+    for cfg in configs:
+        p, p0 = predict_step(cfg, parts), predict_step(cfg, bare)
+        before = _load()
+        m = measure_step(cfg, parts.threads_per_rank, clock=parts.clock)
+        err, err0 = ((x.step_s - m.step_s) / m.step_s * 100 for x in (p, p0))
+        errors.append(abs(err))
+        bare_errors.append(abs(err0))
+        print(f"| {cfg.name} | {count_params(cfg.model).total / 1e6:.1f} M | {_ms(p.step_s)} | {_ms(p0.step_s)} | "
+              f"{_ms(m.step_s)} | {err:+.1f} % | {err0:+.1f} % | {_ms(p.compute_s)} / {_ms(m.compute_s)} | "
+              f"{_ms(p.communication_s)} / {_ms(m.communication_s)} | {_ms(p.optimizer_s)} / {_ms(m.optimizer_s)} | "
+              f"{before} -> {_load()} |", flush=True)
+    print(f"\n{title}: mean |error| {sum(errors) / len(errors):.1f} %, max {max(errors):.1f} % (goal 15 %); "
+          f"without the contention part {sum(bare_errors) / len(bare_errors):.1f} %, max {max(bare_errors):.1f} %")
+    return errors
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--clock", choices=("wall", "thread"), default="wall")
     parser.add_argument("--parts", help="JSON file of calibrated parts: read if it exists, else written")
+    parser.add_argument("--set", choices=("seen", "new", "both"), default="both", dest="which")
     args = parser.parse_args()
     t0 = time.perf_counter()
+    print(f"start {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}, load average {_load()}")
     parts = _parts(args)
     ar = parts.collective("all_reduce", 2).fit
     print(f"GEMM peak (best on grid) {parts.peak_flops_per_s['fp32'] / 1e9:.1f} GFLOP/s; copy "
           f"{parts.kernel('copy').large_bytes_per_s / 1e9:.2f} GB/s; Adam {1 / parts.optimizer.per_element_s:.3g} "
-          f"params/s; all-reduce x2 alpha {ar.latency_s * 1e6:.0f} us, busbw {ar.bytes_per_s / 1e9:.2f} GB/s")
-    print("\n| configuration | params | step pred ms | step meas ms | error | compute p / m | comm p / m | optimizer p / m |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|")
-    errors = []
-    for cfg in step_configs(load_model("gpt2"), 2):
-        p = predict_step(cfg, parts)
-        m = measure_step(cfg, parts.threads_per_rank, clock=parts.clock)
-        err = (p.step_s - m.step_s) / m.step_s * 100
-        errors.append(abs(err))
-        print(f"| {cfg.name} | {count_params(cfg.model).total / 1e6:.1f} M | {_ms(p.step_s)} | {_ms(m.step_s)} | "
-              f"{err:+.1f} % | {_ms(p.compute_s)} / {_ms(m.compute_s)} | {_ms(p.communication_s)} / "
-              f"{_ms(m.communication_s)} | {_ms(p.optimizer_s)} / {_ms(m.optimizer_s)} |", flush=True)
-    print(f"\nmean |error| {sum(errors) / len(errors):.1f} %, max {max(errors):.1f} % "
-          f"(goal 15 %); total runtime {time.perf_counter() - t0:.0f} s")
+          f"params/s; all-reduce x2 alpha {ar.latency_s * 1e6:.0f} us, busbw {ar.bytes_per_s / 1e9:.2f} GB/s; "
+          f"load {_load()}")
+    _contention(parts)
+    base = load_model("gpt2")
+    if args.which in ("seen", "both"):
+        _table("SEEN (the four configurations of the earlier runs)", step_configs(base, 2), parts)
+    if args.which in ("new", "both"):
+        _table("NEW held-out (committed before they were first run)", new_heldout_configs(base, 2), parts)
+    print(f"\ntotal runtime {time.perf_counter() - t0:.0f} s; end load average {_load()}")
     print("measured comm: summed gloo records of torch.profiler (busy time on gloo's threads, may overlap "
-          "compute); measured compute = forward+backward - comm (n/a when the records add up to more)")
+          "compute); measured compute = forward+backward - comm (n/a when the records add up to more); "
+          "(no contention): the same prediction without the contention part")
     if parts.clock == "thread":
         print("clock=thread: each rank's main-thread CPU time; a rank blocked waiting for a collective uses "
               "none, so measured distributed steps leave out exposed communication (compare them with care)")

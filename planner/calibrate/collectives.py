@@ -3,7 +3,8 @@
 Ops: all-reduce, all-gather (into one tensor), reduce-scatter (from one tensor), all-to-all
 (single tensor) and send/recv (each rank sends to the next and receives from the previous, as
 nccl-tests' sendrecv does). Sizes are nccl-tests' (NVIDIA/nccl-tests doc/PERFORMANCE.md).
-Levels: `intra` is the ranks of one node (every node's group runs at once, node 0's is timed);
+After the collectives, the contention probes (planner.calibrate.contention) run on each node's
+ranks. Levels: `intra` is the ranks of one node (every node's group runs at once, node 0's is timed);
 `inter` is one rank per node (the ranks of local rank 0; timed when there are >= 2 nodes).
 
 Two launchers, no other: a single machine is `torch.multiprocessing.spawn` meeting through a
@@ -25,7 +26,9 @@ import torch
 import torch.distributed as dist
 
 from planner.calibrate.fits import fit_alpha_beta
-from planner.calibrate.parts import CollectiveFit
+from planner.calibrate.contention import measure_contention
+from planner.calibrate.hardware import use_clock
+from planner.calibrate.parts import CollectiveFit, ContentionPoint
 from planner.core.errors import PlanInputError
 
 CPU_MESSAGE_BYTES = tuple(1024 * 4**i for i in range(9))  # 1 KiB .. 64 MiB
@@ -157,20 +160,37 @@ def node_groups(world: int, local_world: int, timeout_s: float):
 
 
 def measure_all_levels(sizes, ops, device, world: int, local_world: int, timeout_s: float,
-                       progress=None, stall_s: float = 0.0) -> list[CollectiveFit]:
-    """Intra-node on every node at once (node 0 reports), then inter-node on local rank 0's group.
+                       progress=None, stall_s: float = 0.0,
+                       copy_max_bytes: int | None = None) -> tuple[list[CollectiveFit], list[ContentionPoint]]:
+    """Intra-node on every node at once (node 0 reports), then inter-node on local rank 0's group;
+    then the contention probes on the ranks of each node (planner.calibrate.contention).
     `stall_s`: this rank sleeps before the first collective (a straggler, for the timeout test)."""
     rank = dist.get_rank()
     intra, inter = node_groups(world, local_world, timeout_s)
     time.sleep(stall_s)
-    fits = []
+    fits, contention = [], []
     if local_world >= 2:
         fits += measure_group("intra", intra, sizes, ops, device, progress)
     dist.barrier()
     if inter is not None and rank % local_world == 0:
         fits += measure_group("inter", inter, sizes, ops, device, progress)
     dist.barrier()
-    return fits if rank == 0 else []
+    if local_world >= 2:
+        contention = _guarded_contention(device, intra, copy_max_bytes)
+    dist.barrier()
+    return (fits, contention) if rank == 0 else ([], [])
+
+
+def _guarded_contention(device, group, copy_max_bytes: int | None) -> list[ContentionPoint]:
+    def tick(done: int, total: int, what: str) -> None:
+        if dist.get_rank() == 0:
+            print(f"\rcontention {done}/{total}: {what}      ", end="\n" if done == total else "",
+                  file=sys.stderr, flush=True)
+
+    try:
+        return measure_contention(device, group, copy_max_bytes, progress=tick)
+    except Exception as err:  # noqa: BLE001 - c10d raises RuntimeError / DistBackendError
+        raise CollectiveFailed("all_reduce", 0, "during the contention probes: " + " ".join(str(err).split())[:300]) from None
 
 
 # --------------------------------------------------------------------------- launch
@@ -217,14 +237,17 @@ def spawned_worker(rank: int, world: int, store_dir: str, cfg: dict) -> None:
 
     warnings.simplefilter("ignore", FutureWarning)  # all_gather_into_tensor's rename notice
     torch.set_num_threads(cfg["threads"])
+    use_clock(cfg.get("clock", "wall"))  # the contention probes time with the parts' clock
     device = rank_device(rank, cfg["device"])
     init("nccl" if device.type == "cuda" else "gloo", cfg["timeout_s"], rank, world, store_dir)
     try:
         stall = cfg["stall_s"] if rank == cfg.get("stall_rank") else 0.0
-        fits = measure_all_levels(tuple(cfg["sizes"]), tuple(cfg["ops"]), device, world, world, cfg["timeout_s"],
-                                  _stderr_progress(rank, len(cfg["ops"]) * len(cfg["sizes"])), stall)
+        fits, contention = measure_all_levels(tuple(cfg["sizes"]), tuple(cfg["ops"]), device, world, world,
+                                              cfg["timeout_s"], _stderr_progress(rank, len(cfg["ops"]) * len(cfg["sizes"])), stall,
+                                              cfg.get("copy_max_bytes"))
         if rank == 0:
-            Path(store_dir, "fits.json").write_text(json.dumps([f.model_dump() for f in fits]))
+            Path(store_dir, "fits.json").write_text(json.dumps({"collectives": [f.model_dump() for f in fits],
+                                                                "contention": [c.model_dump() for c in contention]}))
     except CollectiveFailed as err:
         _report(store_dir, rank, {"op": err.op, "size": err.size, "message": err.message})
     except PlanInputError as err:
@@ -255,22 +278,24 @@ def _stderr_progress(rank: int, total: int):
     return tick
 
 
-def spawn_collectives(nproc: int, cfg: dict) -> list[CollectiveFit]:
-    """Run the collectives on `nproc` local processes; a failed collective is an input error
-    naming the op, or a timeout naming --timeout-s."""
+def spawn_collectives(nproc: int, cfg: dict) -> tuple[list[CollectiveFit], list[ContentionPoint]]:
+    """Run the collectives and the contention probes on `nproc` local processes; a failed
+    collective is an input error naming the op, or a timeout naming --timeout-s."""
     import tempfile
 
     import torch.multiprocessing as mp
     from torch.multiprocessing.spawn import ProcessException
 
     if nproc < 2:
-        return []
+        return [], []
     with tempfile.TemporaryDirectory(prefix="zplan-coll-") as tmp:
         try:
             mp.spawn(spawned_worker, args=(nproc, tmp, cfg), nprocs=nproc, join=True)
         except ProcessException:
             raise _failure(Path(tmp), cfg["timeout_s"]) from None
-        return [CollectiveFit.model_validate(f) for f in json.loads(Path(tmp, "fits.json").read_text())]
+        out = json.loads(Path(tmp, "fits.json").read_text())
+        return ([CollectiveFit.model_validate(f) for f in out["collectives"]],
+                [ContentionPoint.model_validate(c) for c in out["contention"]])
 
 
 def _failure(tmp: Path, timeout_s: float) -> Exception:

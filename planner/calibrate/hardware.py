@@ -30,7 +30,8 @@ CUDA_GEMM_GRID = (256, 1024, 4096, 16384)
 CPU_KERNEL_BYTES = tuple(4096 * 4**i for i in range(9))  # 4 KiB .. 256 MiB of input
 CUDA_KERNEL_BYTES = tuple(4096 * 4**i for i in range(11))  # 4 KiB .. 4 GiB
 NORM_WIDTH = 1024
-KERNEL_KINDS = ("copy", "elementwise", "transcendental", "random", "reduction", "norm", "softmax")
+KERNEL_KINDS = ("copy", "elementwise", "transcendental", "random", "reduction", "norm", "softmax", "log_softmax",
+                "log_softmax_backward")
 
 
 CLOCKS = {"wall": time.perf_counter, "thread": time.thread_time}
@@ -96,8 +97,10 @@ def gemm_points(dtype: str, seconds: dict[tuple[int, int, int], float], peak_flo
 
 def _kernel(kind: str, numel: int, device: torch.device) -> tuple[Callable[[], object], int]:
     """The kernel of `kind` on `numel` fp32 elements, and the bytes it reads plus writes.
-    On a GPU all of these are memory-bound; on a CPU `transcendental` (GELU: erf) and `random`
-    (dropout: a Bernoulli draw per element) are bound by arithmetic, hence their own curves."""
+    On a GPU all of these are memory-bound; on a CPU `transcendental` (GELU: erf), `random`
+    (dropout: a Bernoulli draw per element) and the loss's `log_softmax` and its backward (an exp
+    per element; measured 2-3x the time of `softmax` on the same rows with one thread, torch 2.13
+    CPU) are bound by arithmetic, hence their own curves."""
     x = torch.randn(numel, device=device)
     elem = x.element_size()
     if kind == "copy":
@@ -118,6 +121,11 @@ def _kernel(kind: str, numel: int, device: torch.device) -> tuple[Callable[[], o
         return (lambda: F.layer_norm(rows, (rows.shape[-1],), w, w)), 2 * numel * elem
     if kind == "softmax":
         return (lambda: torch.softmax(rows, -1)), 2 * numel * elem
+    if kind == "log_softmax":  # the loss's: on a CPU exp and log per element, not memory-bound
+        return (lambda: torch.log_softmax(rows, -1)), 2 * numel * elem
+    if kind == "log_softmax_backward":  # grad - exp(output) * sum(grad): an exp per element again
+        out = torch.log_softmax(rows, -1)
+        return (lambda: torch.ops.aten._log_softmax_backward_data(rows, out, -1, rows.dtype)), 3 * numel * elem
     raise ValueError(f"unknown kernel kind {kind!r}")
 
 

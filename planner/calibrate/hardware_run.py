@@ -133,7 +133,8 @@ def stamp(device: torch.device, threads: int, world: int, nodes: int) -> dict:
 def collective_cfg(cfg: HardwareConfig, device: torch.device, threads: int) -> dict:
     return {"threads": threads, "device": device.type, "timeout_s": cfg.timeout_s,
             "sizes": list(coll.message_sizes(cfg.max_message_bytes, device.type)), "ops": list(BUS_OPS),
-            "stall_rank": cfg.stall_rank, "stall_s": cfg.stall_s}
+            "stall_rank": cfg.stall_rank, "stall_s": cfg.stall_s, "copy_max_bytes": cfg.kernel_max_bytes,
+            "clock": cfg.clock}
 
 
 def check_config(cfg: HardwareConfig) -> None:
@@ -156,8 +157,9 @@ def calibrate_local(cfg: HardwareConfig, tick: Tick) -> HardwareParts:
     parts = measure_device(cfg, device, tick)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)
-        fits = coll.spawn_collectives(cfg.nproc, collective_cfg(cfg, device, threads))
-    return HardwareParts(**stamp(device, threads, cfg.nproc, 1), **parts, collectives=tuple(fits))
+        fits, contention = coll.spawn_collectives(cfg.nproc, collective_cfg(cfg, device, threads))
+    return HardwareParts(**stamp(device, threads, cfg.nproc, 1), **parts, collectives=tuple(fits),
+                         contention=tuple(contention))
 
 
 def calibrate_torchrun(cfg: HardwareConfig, env: dict[str, int], tick: Tick) -> HardwareParts | None:
@@ -174,8 +176,9 @@ def calibrate_torchrun(cfg: HardwareConfig, env: dict[str, int], tick: Tick) -> 
         c = collective_cfg(cfg, device, threads)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", FutureWarning)
-            fits = coll.measure_all_levels(tuple(c["sizes"]), tuple(c["ops"]), device, world, local_world,
-                                           cfg.timeout_s, coll._stderr_progress(env["RANK"], len(c["ops"]) * len(c["sizes"]) * (1 + (world > local_world))))
+            progress = coll._stderr_progress(env["RANK"], len(c["ops"]) * len(c["sizes"]) * (1 + (world > local_world)))
+            fits, contention = coll.measure_all_levels(tuple(c["sizes"]), tuple(c["ops"]), device, world, local_world,
+                                                       cfg.timeout_s, progress, copy_max_bytes=cfg.kernel_max_bytes)
     except coll.CollectiveFailed as err:
         raise PlanInputError("timeout-s" if "time" in err.message.lower() else "collectives", str(err)) from None
     finally:
@@ -184,4 +187,5 @@ def calibrate_torchrun(cfg: HardwareConfig, env: dict[str, int], tick: Tick) -> 
         dist.destroy_process_group()
     if env["RANK"] != 0:
         return None
-    return HardwareParts(**stamp(device, threads, world, world // local_world), **parts, collectives=tuple(fits))
+    return HardwareParts(**stamp(device, threads, world, world // local_world), **parts, collectives=tuple(fits),
+                         contention=tuple(contention))

@@ -7,13 +7,17 @@ from it. Times are seconds, sizes bytes.
 
 from __future__ import annotations
 
+import math
 from typing import Literal
+
+from pydantic import Field
 
 from planner.calibrate.fits import AlphaBeta, interp_loglog
 from planner.core.spec import Frozen, GemmPoint
 from planner.timing.collectives import bus_factor
 
-KernelKind = Literal["copy", "elementwise", "transcendental", "random", "reduction", "norm", "softmax"]
+KernelKind = Literal["copy", "elementwise", "transcendental", "random", "reduction", "norm", "softmax", "log_softmax",
+                     "log_softmax_backward"]
 
 
 class KernelCurve(Frozen):
@@ -71,6 +75,32 @@ class FileBandwidth(Frozen):
     capacity_bytes: int
 
 
+class ContentionPoint(Frozen):
+    """One rank's probe timed alone and with the other `ranks - 1` ranks of its node running the
+    same probe at once (and, with `with_collective`, while an all-reduce is in flight); one entry
+    per rank in `alone_s` / `together_s`. planner.calibrate.contention measures it."""
+
+    kind: Literal["gemm", "memory", "dispatch"]
+    ranks: int = Field(ge=2)
+    with_collective: bool
+    probe: str
+    """What was timed, e.g. `float32 GEMM 512x512 @ 512x512`."""
+    bytes_moved: float = 0
+    """memory probes: bytes read + written by one copy (0 for the other kinds)."""
+    alone_s: tuple[float, ...]
+    together_s: tuple[float, ...]
+    collective: str = ""
+    """The collective in flight (with_collective only)."""
+
+    @property
+    def slowdown(self) -> float:
+        """together / alone, the mean over the ranks. (A synchronous step waits for its slowest
+        rank, but on a machine shared with other work the largest ratio is mostly noise; the mean
+        is the stable estimate of the same figure when ranks are alike.)"""
+        ratios = [t / a for a, t in zip(self.alone_s, self.together_s, strict=True)]
+        return sum(ratios) / len(ratios)
+
+
 class HardwareParts(Frozen):
     """Everything one calibration run measured, with where and when."""
 
@@ -100,15 +130,43 @@ class HardwareParts(Frozen):
     device_to_host_bytes_per_s: float | None = None
     file: FileBandwidth | None = None
     cpu_memory_bytes: int
+    contention: tuple[ContentionPoint, ...] = ()
+    """Per-rank compute slowdown with N ranks at once (empty: one rank, or an older parts file)."""
 
     def kernel(self, kind: str) -> KernelCurve:
-        return next(c for c in self.kernels if c.kind == kind)
+        """The curve of `kind`; a parts file measured before the log-softmax curves existed
+        answers those with its `softmax` curve (what the predictor used then)."""
+        found = next((c for c in self.kernels if c.kind == kind), None)
+        if found is None and kind.startswith("log_softmax"):
+            return self.kernel("softmax")
+        if found is None:
+            raise ValueError(f"no {kind} kernel curve was measured")
+        return found
 
     def collective(self, op: str, ranks: int, level: str = "intra") -> CollectiveFit:
         for fit in self.collectives:
             if fit.op == op and fit.ranks == ranks and fit.level == level:
                 return fit
         raise ValueError(f"no {level} {op} on {ranks} ranks was measured")
+
+    def slowdown(self, kind: str, ranks: int, with_collective: bool = False, num_bytes: float = 0) -> float:
+        """The measured slowdown of `kind` compute with `ranks` ranks at once; for `memory`, at
+        `num_bytes` moved (piecewise linear in log bytes between the probed sizes, the end values
+        held beyond them). 1 for one rank and when it was not measured (an older parts file: the
+        prediction then has no contention)."""
+        if ranks <= 1:
+            return 1.0
+        points = sorted((p for p in self.contention if (p.kind, p.ranks, p.with_collective) ==
+                         (kind, ranks, with_collective)), key=lambda p: p.bytes_moved)
+        if not points:
+            return 1.0
+        if len(points) == 1 or num_bytes <= points[0].bytes_moved:
+            return points[0].slowdown
+        if num_bytes >= points[-1].bytes_moved:
+            return points[-1].slowdown
+        lo, hi = next((a, b) for a, b in zip(points, points[1:]) if num_bytes <= b.bytes_moved)
+        w = math.log(num_bytes / lo.bytes_moved) / math.log(hi.bytes_moved / lo.bytes_moved)
+        return lo.slowdown + w * (hi.slowdown - lo.slowdown)
 
     @property
     def where(self) -> str:

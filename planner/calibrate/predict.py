@@ -9,12 +9,18 @@ The model's operations come from running its forward and backward once on the `m
 - ops returning a view of an input (`t`, `view`, `expand`, ...) and empty allocations: the
   measured dispatch cost of one aliasing op;
 - every other op: bytes read + written timed on the measured curve of its kind (`copy`, `norm`,
-  `softmax`, `reduction`, `transcendental` (GELU, exp, rsqrt...), `random` (dropout's draw),
-  else `elementwise`): memory-bound on a GPU; on a CPU the last two are bound by arithmetic,
-  which their own curves measure.
+  `softmax`, `log_softmax` and its backward (the loss), `reduction`, `transcendental` (GELU,
+  exp, rsqrt...), `random` (dropout's draw), else `elementwise`): memory-bound on a GPU; on a
+  CPU `transcendental`, `random` and the log-softmax pair are bound by arithmetic, which their
+  own curves measure.
 Communication is the fitted α–β of each collective the engine issues (below), the optimizer the
 fitted Adam time of this rank's tensors and elements. Terms add up: on a CPU, gloo's threads run
 on the cores the compute uses, so nothing is counted as overlapped (an assumption, stated).
+Contention: with N ranks on a node, compute and the optimizer are slowed by the measured
+per-rank slowdown of N ranks at once (`HardwareParts.slowdown`, planner.calibrate.contention):
+GEMMs by the GEMM probe's, each memory-bound op by the copy probe's at its bytes, dispatch by the
+dispatch probe's; on NCCL the share of compute overlapped by collectives at the with-collective
+slowdown (`overlap_share`).
 
 Engines, as torch 2.13 implements them:
 - DDP (torch/nn/parallel/distributed.py): gradients all-reduced in buckets of
@@ -48,7 +54,8 @@ Strategy = Literal["single", "ddp", "zero1", "fsdp2"]
 GEMM_OPS = {"mm", "addmm", "bmm", "baddbmm"}
 COPY_OPS = {"copy_", "_to_copy", "clone", "cat", "index_select", "embedding", "gather", "scatter_add"}
 NORM_OPS = {"native_layer_norm", "native_layer_norm_backward"}
-SOFTMAX_OPS = {"_softmax", "_softmax_backward_data", "_log_softmax", "_log_softmax_backward_data"}
+SOFTMAX_OPS = {"_softmax", "_softmax_backward_data"}
+LOG_SOFTMAX_OPS = {"_log_softmax": "log_softmax", "_log_softmax_backward_data": "log_softmax_backward"}
 TRANSCENDENTAL_OPS = {"gelu", "gelu_backward", "tanh", "tanh_backward", "exp", "log", "erf", "rsqrt",
                       "sqrt", "pow", "sigmoid", "silu", "silu_backward", "sin", "cos"}
 RANDOM_OPS = {"bernoulli_", "bernoulli", "native_dropout", "uniform_", "normal_"}
@@ -80,17 +87,21 @@ class Inventory(Frozen):
 
 
 class Prediction(Frozen):
-    """Predicted seconds per term of one step, with the FLOPs it covers."""
+    """Predicted seconds per term of one step. `gemm_s`, `memory_bound_s`, `dispatch_s` are one
+    rank alone; `compute_contention_s` is what the other ranks computing at once add to them
+    (planner.calibrate.contention); `optimizer_s` includes `optimizer_contention_s`."""
 
     gemm_s: float
     memory_bound_s: float
     dispatch_s: float
     communication_s: float
     optimizer_s: float
+    compute_contention_s: float = 0.0
+    optimizer_contention_s: float = 0.0
 
     @property
     def compute_s(self) -> float:
-        return self.gemm_s + self.memory_bound_s + self.dispatch_s
+        return self.gemm_s + self.memory_bound_s + self.dispatch_s + self.compute_contention_s
 
     @property
     def step_s(self) -> float:
@@ -141,6 +152,8 @@ def _kind(name: str) -> str:
         return "norm"
     if name in SOFTMAX_OPS:
         return "softmax"
+    if name in LOG_SOFTMAX_OPS:
+        return LOG_SOFTMAX_OPS[name]
     if name in TRANSCENDENTAL_OPS:
         return "transcendental"
     if name in RANDOM_OPS:
@@ -161,11 +174,16 @@ def inventory(model: ModelSpec, seq_len: int, micro_batch: int) -> Inventory:
     return Inventory(gemms=tuple(recorder.gemms), kernels=tuple(recorder.kernels), views=recorder.views)
 
 
-def compute_seconds(inv: Inventory, parts: HardwareParts, dtype: str = "fp32") -> tuple[float, float, float]:
-    """(GEMM, memory-bound, dispatch) seconds of the inventory on the measured parts."""
+def compute_seconds(inv: Inventory, parts: HardwareParts, dtype: str = "fp32", ranks: int = 1,
+                    with_collective: bool = False) -> tuple[float, float, float]:
+    """(GEMM, memory-bound, dispatch) seconds of the inventory on the measured parts, each term
+    times its measured contention slowdown with `ranks` ranks computing at once (1: alone)."""
+    slow = parts.slowdown
     gemm = sum(b * gemm_seconds(parts, dtype, m, n, k) for b, m, n, k in inv.gemms)
-    memory = sum(parts.kernel(kind).seconds(moved) for kind, moved in inv.kernels)
-    return gemm, memory, inv.views * parts.view_op_s
+    memory = sum(parts.kernel(kind).seconds(moved) * slow("memory", ranks, with_collective, moved)
+                 for kind, moved in inv.kernels)
+    return (gemm * slow("gemm", ranks, with_collective), memory,
+            inv.views * parts.view_op_s * slow("dispatch", ranks, with_collective))
 
 
 ELEMENT_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
@@ -220,16 +238,22 @@ def zero1_partition(sizes: list[int], ranks: int) -> list[list[int]]:
 
 def communication_seconds(cfg: StepConfig, parts: HardwareParts, elem_bytes: int = 4) -> float:
     """Collectives of one step on `cfg.nproc` ranks from the fitted α–β."""
+    seconds = backward_communication_seconds(cfg, parts, elem_bytes)
+    if cfg.strategy == "zero1" and cfg.nproc > 1:
+        p2p = parts.collective("send_recv", cfg.nproc).fit
+        seconds += sum(p2p.seconds(n * elem_bytes) for n in param_sizes(cfg.model, cfg.seq_len))
+    return seconds
+
+
+def backward_communication_seconds(cfg: StepConfig, parts: HardwareParts, elem_bytes: int = 4) -> float:
+    """The collectives issued during forward + backward (the ones an engine can overlap with
+    compute): DDP's / ZeRO-1's bucket all-reduces, all of FSDP2's; not ZeRO-1's broadcasts, which
+    `ZeroRedundancyOptimizer.step` issues after the backward."""
     if cfg.nproc == 1 or cfg.strategy == "single":
         return 0.0
-    sizes = [n * elem_bytes for n in param_sizes(cfg.model, cfg.seq_len)]
     if cfg.strategy in ("ddp", "zero1"):
         ar = parts.collective("all_reduce", cfg.nproc).fit
-        seconds = sum(ar.seconds(b) for b in ddp_buckets(sizes))
-        if cfg.strategy == "zero1":
-            p2p = parts.collective("send_recv", cfg.nproc).fit
-            seconds += sum(p2p.seconds(b) for b in sizes)
-        return seconds
+        return sum(ar.seconds(b) for b in ddp_buckets([n * elem_bytes for n in param_sizes(cfg.model, cfg.seq_len)]))
     ag = parts.collective("all_gather", cfg.nproc).fit
     rs = parts.collective("reduce_scatter", cfg.nproc).fit
     blocks, root = block_param_elements(cfg.model, cfg.seq_len)
@@ -237,34 +261,86 @@ def communication_seconds(cfg: StepConfig, parts: HardwareParts, elem_bytes: int
     return seconds + ag.seconds(root * elem_bytes) + rs.seconds(root * elem_bytes)
 
 
-def engine_copy_seconds(cfg: StepConfig, parts: HardwareParts, elem_bytes: int = 4) -> float:
+def engine_copy_seconds(cfg: StepConfig, parts: HardwareParts, elem_bytes: int = 4, ranks: int = 1,
+                        with_collective: bool = False) -> float:
     """The engines' own copies: DDP into and out of buckets; FSDP2 out of each all-gather and
-    into each reduce-scatter (bytes read + written = 2 x the tensor's bytes)."""
+    into each reduce-scatter (bytes read + written = 2 x the tensor's bytes); each at the memory
+    contention slowdown of its size with `ranks` ranks at once."""
     if cfg.nproc == 1 or cfg.strategy == "single":
         return 0.0
-    copy = parts.kernel("copy")
+
+    def copy(num_bytes: float) -> float:
+        return parts.kernel("copy").seconds(num_bytes) * parts.slowdown("memory", ranks, with_collective, num_bytes)
+
     if cfg.strategy in ("ddp", "zero1"):
-        return sum(2 * copy.seconds(2 * n * elem_bytes) for n in param_sizes(cfg.model, cfg.seq_len))
+        return sum(2 * copy(2 * n * elem_bytes) for n in param_sizes(cfg.model, cfg.seq_len))
     blocks, root = block_param_elements(cfg.model, cfg.seq_len)
-    return sum(3 * copy.seconds(2 * b * elem_bytes) for b in blocks) + 2 * copy.seconds(2 * root * elem_bytes)
+    return sum(3 * copy(2 * b * elem_bytes) for b in blocks) + 2 * copy(2 * root * elem_bytes)
 
 
-def optimizer_seconds(cfg: StepConfig, parts: HardwareParts) -> float:
-    """Adam on this rank's tensors: all (single, DDP), rank 0's ZeRO-1 partition, or every
-    tensor's 1/n shard (FSDP2)."""
+ADAM_BYTES_PER_ELEMENT = 7 * 4
+"""fp32 Adam reads param, grad, exp_avg, exp_avg_sq and writes param, exp_avg, exp_avg_sq
+(torch/optim/adam.py, _single_tensor_adam / _multi_tensor_adam): 7 x 4 bytes per element."""
+
+
+def optimizer_shard(cfg: StepConfig) -> tuple[int, int]:
+    """(tensors, elements) Adam steps on this rank: all (single, DDP), rank 0's ZeRO-1 partition,
+    or every tensor's 1/n shard (FSDP2)."""
     sizes = param_sizes(cfg.model, cfg.seq_len)
     if cfg.strategy == "zero1" and cfg.nproc > 1:
         mine = max(zero1_partition(sizes, cfg.nproc), key=sum)
-        return parts.optimizer.seconds(len(mine), sum(mine))
+        return len(mine), sum(mine)
     if cfg.strategy == "fsdp2" and cfg.nproc > 1:
-        return parts.optimizer.seconds(len(sizes), sum(math.ceil(n / cfg.nproc) for n in sizes))
-    return parts.optimizer.seconds(len(sizes), sum(sizes))
+        return len(sizes), sum(math.ceil(n / cfg.nproc) for n in sizes)
+    return len(sizes), sum(sizes)
+
+
+def optimizer_seconds(cfg: StepConfig, parts: HardwareParts, ranks: int = 1) -> float:
+    """Adam on this rank's shard, at the memory contention slowdown of its bytes with `ranks`
+    ranks stepping at once (they leave the last collective together)."""
+    tensors, elements = optimizer_shard(cfg)
+    slow = parts.slowdown("memory", ranks, False, ADAM_BYTES_PER_ELEMENT * elements)
+    return parts.optimizer.seconds(tensors, elements) * slow
+
+
+def ranks_at_once(cfg: StepConfig) -> int:
+    """Processes computing at the same time on the node."""
+    return 1 if cfg.strategy == "single" else cfg.nproc
+
+
+def overlap_share(cfg: StepConfig, parts: HardwareParts, compute_s: float) -> float:
+    """Share of the compute time with a collective in flight. gloo: 0 (the predictor adds the
+    communication term whole; the collectives' CPU time on the shared cores is that term, so
+    slowing compute by it as well would count it twice). NCCL: the engines overlap their
+    forward / backward collectives with compute on their own stream, so compute shares the
+    SMs for min(1, communication / compute) of its time (the share cannot exceed either)."""
+    if parts.backend != "nccl" or compute_s <= 0:
+        return 0.0
+    return min(1.0, backward_communication_seconds(cfg, parts) / compute_s)
+
+
+def contended_compute_seconds(inv: Inventory, cfg: StepConfig, parts: HardwareParts) -> float:
+    """Forward + backward compute with every rank of the node computing at once: the measured
+    slowdown without a collective, and with one for the overlapped share."""
+    ranks = ranks_at_once(cfg)
+
+    def total(with_collective: bool) -> float:
+        return (sum(compute_seconds(inv, parts, ranks=ranks, with_collective=with_collective))
+                + engine_copy_seconds(cfg, parts, ranks=ranks, with_collective=with_collective))
+
+    quiet = total(False)
+    share = overlap_share(cfg, parts, quiet)
+    return quiet if share == 0 else (1 - share) * quiet + share * total(True)
 
 
 def predict_step(cfg: StepConfig, parts: HardwareParts) -> Prediction:
     """Every term of one step of `cfg` on one rank, from the parts only."""
     inv = inventory(cfg.model, cfg.seq_len, cfg.micro_batch)
     gemm, memory, dispatch = compute_seconds(inv, parts)
-    return Prediction(gemm_s=gemm, memory_bound_s=memory + engine_copy_seconds(cfg, parts),
-                      dispatch_s=dispatch, communication_s=communication_seconds(cfg, parts),
-                      optimizer_s=optimizer_seconds(cfg, parts))
+    copies = engine_copy_seconds(cfg, parts)
+    optimizer_alone = optimizer_seconds(cfg, parts)
+    optimizer = optimizer_seconds(cfg, parts, ranks_at_once(cfg))
+    return Prediction(gemm_s=gemm, memory_bound_s=memory + copies, dispatch_s=dispatch,
+                      compute_contention_s=contended_compute_seconds(inv, cfg, parts) - (gemm + memory + dispatch + copies),
+                      communication_s=communication_seconds(cfg, parts), optimizer_s=optimizer,
+                      optimizer_contention_s=optimizer - optimizer_alone)
