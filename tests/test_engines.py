@@ -36,13 +36,6 @@ def test_deepspeed_pipeline_with_zero2_refused():
     assert "deepspeed" in supported_engines(LLAMA, Layout(pp=2, dp=4, zero_stage=1), BF16)
 
 
-def test_tensor_parallel_with_zero3_in_hf_deepspeed_refused():
-    layout = Layout(tp=2, dp=4, zero_stage=3)
-    with pytest.raises(PlanInputError, match="DeepSpeed .* cannot run this layout: AutoTP"):
-        check_engine("deepspeed", LLAMA, layout, BF16)
-    assert "fsdp2" in supported_engines(LLAMA, layout, BF16)  # torchtitan: TP + FSDP
-
-
 def test_pipeline_with_fsdp2_in_accelerate_refused():
     layout = Layout(pp=2, dp=4, zero_stage=3)
     assert "accelerate" not in supported_engines(LLAMA, layout, BF16)
@@ -56,14 +49,25 @@ def test_megatron_refuses_parameter_offload_and_nvme():
 
 
 def test_export_refuses_with_one_line_naming_the_engine_and_writes_nothing(tmp_path):
+    """DeepSpeed 0.19.8 runtime/pipe/engine.py asserts 'ZeRO-2 and ZeRO-3 are incompatible with
+    pipeline parallelism': pp = 2 with ZeRO-3 cannot be exported for DeepSpeed."""
     out = tmp_path / "ds.json"
     result = CliRunner().invoke(app, [
         "export", "-f", "deepspeed", "-m", "llama2-7b", "--gpu", "a100-80gb", "--gpus", "8",
-        "--tp", "2", "--dp", "4", "--zero", "3", "-o", str(out)])
+        "--pp", "2", "--dp", "4", "--zero", "3", "-o", str(out)])
     assert result.exit_code == 2
     lines = [line for line in result.output.splitlines() if line.strip()]
-    assert len(lines) == 1 and "DeepSpeed" in lines[0] and "ZeRO-3" in lines[0]
+    assert len(lines) == 1 and "DeepSpeed" in lines[0] and "pipeline" in lines[0]
     assert not out.exists()
+
+
+def test_deepspeed_runs_autotp_with_zero3():
+    """DeepSpeed 0.19.8 runtime/engine.py _configure_tensor_parallel_states: 'AutoTP + ZeRO stage
+    3 is supported for both inference and training' (module_inject/auto_tp.py
+    _gather_zero3_params gathers each partitioned weight before the tp slice)."""
+    layout = Layout(tp=2, dp=4, zero_stage=3)
+    assert "deepspeed" in supported_engines(LLAMA, layout, BF16)
+    assert "fsdp2" in supported_engines(LLAMA, layout, BF16)  # torchtitan: TP + FSDP
 
 
 def test_fit_json_lists_the_engines():

@@ -46,10 +46,6 @@ class EngineRule:
     source: str
 
 
-def _sharded_params(layout: Layout) -> bool:
-    return layout.zero_stage == 3
-
-
 _MEGATRON = "NVIDIA/Megatron-LM@d98e8a64 megatron/training/arguments.py"
 _DS = "DeepSpeed 0.19.8"
 _FSDP2 = "torch 2.13 torch/distributed/fsdp/_fully_shard/_fully_shard.py (fully_shard, CPUOffloadPolicy)"
@@ -76,10 +72,6 @@ RULES: tuple[EngineRule, ...] = (
     EngineRule("deepspeed", lambda m, l, p: l.virtual_stages > 1,
                "has no interleaved pipeline schedule",
                f"{_DS} deepspeed/runtime/pipe/schedule.py: TrainSchedule is 1F1B, no virtual stages"),
-    EngineRule("deepspeed", lambda m, l, p: l.tp > 1 and _sharded_params(l),
-               "AutoTP tensor parallelism trains with ZeRO stage 0, 1 or 2, not ZeRO-3",
-               "deepspeed.ai/tutorials/autotp-training: 'ZeRO Optimization ... (Stage 0, 1, or 2)'; "
-               "see docs/engines.md for DeepSpeed 0.19.8"),
     EngineRule("deepspeed", lambda m, l, p: l.sequence_parallel,
                "AutoTP has no Megatron-style sequence parallelism of norms and dropout",
                "deepspeed.ai/tutorials/autotp-training: TP over linear layers only"),
