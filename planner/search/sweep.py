@@ -32,7 +32,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from planner.memory import activations, implementations, model_states, plan
+from planner.memory import activations, implementations, model_states, peak, plan
 from planner.memory.reserve import reserve_column
 from planner.core import params
 from planner.timing import steptime
@@ -243,20 +243,21 @@ def node_stage_counts(tp: int, dp: int, pp: int, gpus_per_node: int,
     return sorted(rows)
 
 
-def hf_activation_column(model: ModelSpec, setup: TrainSetup, rec, b) -> np.ndarray:
-    """Activation bytes (kept + working) of every hf-* candidate (tp = pp = 1: one stage of all
-    layers), exact: transformers' inventories hold parts that do not grow with the micro-batch
-    (rotary cos/sin, autocast's weight casts, the b = 1 targets view), so each distinct
-    (recompute, micro_batch) pair is evaluated once with `hf_activation_bytes`."""
+def hf_activation_column(model: ModelSpec, setup: TrainSetup, rec, b) -> tuple[np.ndarray, np.ndarray]:
+    """(kept, recompute working) activation bytes of every hf-* candidate (tp = pp = 1: one
+    stage of all layers), exact: transformers' inventories hold parts that do not grow with the
+    micro-batch (rotary cos/sin, autocast's weight casts, the b = 1 targets view), so each
+    distinct (recompute, micro_batch) pair is evaluated once with `hf_activation_bytes`."""
     keys, inv = _group(rec, b)
     out = []
     for r, mb in keys.tolist():
         if RECOMPUTE_MODES[r] not in ("none", "full"):
-            out.append(0)  # masked by the rule table
+            out.append((0, 0))  # masked by the rule table
             continue
         block, outside, working = implementations.hf_activation_bytes(model, setup, RECOMPUTE_MODES[r], mb)
-        out.append(model.num_layers * block + outside + working)
-    return np.array(out, dtype=np.int64)[inv]
+        out.append((model.num_layers * block + outside, working))
+    table = np.array(out, dtype=np.int64).reshape(-1, 2)[inv]
+    return table[:, 0], table[:, 1]
 
 
 def activation_table(model: ModelSpec, setup: TrainSetup, tp: int, rec: int, sp: bool,
@@ -369,6 +370,18 @@ def model_state_columns(cluster: Cluster, setup: TrainSetup, cands: LayoutColumn
     return gpu[0][inv], gpu[2][inv], node_cpu[inv], node_nvme[inv]
 
 
+def stage_transient_column(model: ModelSpec, setup: TrainSetup, cands: LayoutColumns, num_params,
+                           kept, recompute, last) -> np.ndarray:
+    """The transients of one stage kind per candidate beyond its kept activations and recompute
+    segment, summed (`plan.stage_transients`'s
+    functions over columns: planner.memory.peak); `last`: rows where that stage holds the loss."""
+    loss = np.where(last, peak.stage_loss_bytes(setup, model.vocab_size, cands["tp"], cands["micro_batch"]), 0)
+    temps = peak.gpu_optimizer_temp_bytes(num_params, cands["dp"], cands["zero_stage"],
+                                          cands["dp_engine"] == DP_ENGINES.index("fsdp2"),
+                                          cands["offload_optimizer"] > 0)
+    return sum(peak.plan_transients(kept, recompute, loss, temps).values())
+
+
 STAGE_FIELDS = ("params", "largest", "persistent", "max_layers", "max_params")
 
 
@@ -391,15 +404,19 @@ def evaluate(model: ModelSpec, cluster: Cluster, setup: TrainSetup, cands: dict[
     kept_f, kept_l = kept_activation_bytes_b1(cands, chunk, first_x, last_x)
     states_first, states_last, node_cpu, node_nvme = model_state_columns(
         cluster, setup, cands, keys, inv, tables, c.buffers)
-    gpu_first = states_first + b * (kept_f + working)
-    gpu_last = states_last + b * (kept_l + working)
+    kept_f, kept_l, working = b * kept_f, b * kept_l, b * working
     if setup.implementation != "megatron":  # not linear in b: exact per (recompute, b)
-        gpu_first = gpu_last = states_first + hf_activation_column(model, setup, rec, b)
-    peak = np.maximum(gpu_first, gpu_last)
+        kept_f, working = hf_activation_column(model, setup, rec, b)
+        kept_l = kept_f
+    gpu_first = states_first + kept_f + working + stage_transient_column(
+        model, setup, cands, tables["params"][inv, 0], kept_f, working, last=pp == 1)
+    gpu_last = states_last + kept_l + working + stage_transient_column(
+        model, setup, cands, tables["params"][inv, 2], kept_l, working, last=True)
+    gpu_peak = np.maximum(gpu_first, gpu_last)
     capacity = cluster.gpu.memory_bytes - reserve_column(
         cluster.gpu, setup.reserve_gib, cands["tp"], cands["pp"], cands["dp"])
-    out = dict(gpu_peak_bytes=peak, peak_stage=np.where(gpu_last > gpu_first, pp, 1),
-               headroom_bytes=capacity - peak, node_cpu_bytes=node_cpu, node_nvme_bytes=node_nvme)
+    out = dict(gpu_peak_bytes=gpu_peak, peak_stage=np.where(gpu_last > gpu_first, pp, 1),
+               headroom_bytes=capacity - gpu_peak, node_cpu_bytes=node_cpu, node_nvme_bytes=node_nvme)
     out |= steptime.step_columns(model, cluster, setup, cands, tables["max_layers"][inv, 0],
                                  tables["max_params"][inv, 0], flash_attention=c.flash_attention,
                                  buffers=c.buffers, efficiency=efficiency)
