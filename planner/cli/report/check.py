@@ -3,7 +3,7 @@
 JSON schema (kind "check", schema_version from planner.cli.report):
   fits: bool                      the verdict (exit code 0 when true, 1 when false)
   verdict: str                    the one human line
-  source: "job" | "deepspeed" | "megatron"
+  source: "job" | "deepspeed" | "megatron" | "accelerate"
   model: str, cluster: str, num_gpus: int
   layout: {tp, pp, dp, virtual_stages, zero_stage, offload_optimizer, offload_params,
            recompute, recompute_every_k, sequence_parallel, flash_attention, tempo,
