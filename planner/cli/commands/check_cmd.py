@@ -56,8 +56,9 @@ def check(
     json_out: opt.JsonOpt = False,
 ) -> None:
     """Does this job fit? `zplan check JOB.yaml`, `--deepspeed ds.json --model M --cluster C`,
-    `--accelerate-config FILE --model M --cluster C --micro-batch B` or `--megatron-args FILE
-    --cluster C`. Prints one verdict line.
+    or `--megatron-args FILE --cluster C`. Prints one verdict line.
+
+    Also `--accelerate-config FILE --model M --cluster C --micro-batch B` (accelerate's YAML).
 
     Exit 0 fits, 1 does not fit, 2 bad input.
     """
