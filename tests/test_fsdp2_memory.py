@@ -55,3 +55,33 @@ def test_optimizer_step_peak_matches_fsdp_mem_tracker():
                      "adam_states": 10_485_800, "foreach_temporary": 5_242_880}
     assert got["Sharded Param"] + got["Sharded Grad"] + got["OptState"] == sum(parts.values())
     assert got["Unsharded Param"] == got["All Gather"] == got["Reduce Scatter"] == 0
+
+
+def test_plan_counts_fully_shard_buffers_not_deepspeed_buckets():
+    # llama3-8b on 8 GPUs, FSDP2 ZeRO-3 (reshard_after_forward=True), bf16 parameters:
+    # root = embedding 128,256 x 4,096 + head 128,256 x 4,096 + final norm 4,096
+    #      = 1,050,677,248 parameters, x 2 B unsharded;
+    # one block = attention 4096*4096*2 + 4096*1024*2 (GQA k, v) + MLP 3*4096*14336 + 2 norms
+    #           = 33,554,432 + 8,388,608 + 176,160,768 + 8,192 = 218,112,000 parameters
+    from planner.core.spec import Layout
+    from planner.io.jobfile import make_setup
+    from planner.io.loading import cluster_for_gpus, load_model
+    from planner.memory.plan import plan_memory
+
+    model, cluster = load_model("llama3-8b"), cluster_for_gpus("h100-sxm", 8)
+    setup = make_setup(4096, 8, 1e9, "bf16-mixed", "adam")
+    z3 = plan_memory(model, cluster, Layout(dp=8, zero_stage=3, dp_engine="fsdp2"), setup).stages[0]
+    assert {k: v for k, v in z3.buffers.items() if k.startswith("fsdp2_")} == {
+        "fsdp2_root_unsharded_params": 1_050_677_248 * 2,
+        "fsdp2_block_unsharded_params": 218_112_000 * 2,
+        "fsdp2_all_gather_output": 218_112_000 * 2,
+        "fsdp2_reduce_scatter_input": 218_112_000 * 4}
+    assert not any(k.startswith(("zero_", "zero3_")) for k in z3.buffers)
+    # ZeRO-2 (reshard_after_forward=False): the unsharded groups are the 16-bit replica the
+    # states already count; only the reduce-scatter input is added
+    z2 = plan_memory(model, cluster, Layout(dp=8, zero_stage=2, dp_engine="fsdp2"), setup).stages[0]
+    assert {k: v for k, v in z2.buffers.items() if k.startswith(("fsdp2_", "zero"))} == {
+        "fsdp2_reduce_scatter_input": 218_112_000 * 4}
+    # DeepSpeed keeps its buckets
+    ds = plan_memory(model, cluster, Layout(dp=8, zero_stage=3), setup).stages[0]
+    assert "zero_reduce_bucket" in ds.buffers and not any(k.startswith("fsdp2_") for k in ds.buffers)

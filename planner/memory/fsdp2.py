@@ -28,27 +28,43 @@ All sizes in bytes; pure functions on Python ints.
 
 from __future__ import annotations
 
+import numpy as np
+
 from planner.core.spec import ceil_div
 
 FP32_BYTES = 4
 
 
+def unsharded_parts(root_params, block_params, layers, reshard_after_forward, *, param_bytes: int,
+                    reduce_bytes: int = FP32_BYTES) -> dict:
+    """The buffers beyond the shards at the backward's peak (module docstring): the root's
+    unsharded parameters, `block_params` of one block group unsharded (every other one without
+    resharding), the next group's all-gather output (with resharding) and one group's
+    reduce-scatter input. Ints or numpy arrays (the plan's rows and the sweep's columns)."""
+    in_use = np.where(reshard_after_forward, 1, np.maximum(layers - 1, 0))
+    return {
+        "fsdp2_root_unsharded_params": root_params * param_bytes,
+        "fsdp2_block_unsharded_params": in_use * block_params * param_bytes,
+        "fsdp2_all_gather_output": np.where(reshard_after_forward, block_params * param_bytes, 0),
+        "fsdp2_reduce_scatter_input": block_params * reduce_bytes,
+    }
+
+
 def backward_parts(root_params: int, block_params: int, layers: int, world: int, *,
                    param_bytes: int, reduce_bytes: int, reshard_after_forward: bool = True,
                    sharded_bytes: int = FP32_BYTES) -> dict[str, int]:
-    """The FSDP2 buffers one GPU holds at the backward's peak (module docstring): `block_params`
+    """The FSDP2 bytes one GPU holds at the backward's peak (module docstring): `block_params`
     of the largest group (one block), `root_params` of the root group, `layers` block groups,
     `param_bytes` / `reduce_bytes` of the MixedPrecisionPolicy's param_dtype / reduce_dtype,
     `sharded_bytes` of the original parameters."""
+    parts = unsharded_parts(root_params, block_params, layers, reshard_after_forward,
+                            param_bytes=param_bytes, reduce_bytes=reduce_bytes)
     total = root_params + layers * block_params
-    in_use = 1 if reshard_after_forward else layers - 1
-    return {
-        "sharded_params": ceil_div(total, world) * sharded_bytes,
-        "root_unsharded_params": root_params * param_bytes,
-        "block_unsharded_params": in_use * block_params * param_bytes,
-        "all_gather_output": block_params * param_bytes if reshard_after_forward else 0,
-        "reduce_scatter_input": block_params * reduce_bytes,
-    }
+    return {"sharded_params": ceil_div(total, world) * sharded_bytes,
+            "root_unsharded_params": int(parts["fsdp2_root_unsharded_params"]),
+            "block_unsharded_params": int(parts["fsdp2_block_unsharded_params"]),
+            "all_gather_output": int(parts["fsdp2_all_gather_output"]),
+            "reduce_scatter_input": int(parts["fsdp2_reduce_scatter_input"])}
 
 
 def optimizer_step_parts(total_params: int, world: int, *, num_tensors: int,

@@ -225,6 +225,8 @@ def stage_table(model: ModelSpec, tp: int, pp: int,
         "persistent": tuple(persistent[s.stage] for s in kinds),
         "max_layers": (max(s.num_layers for s in stages),) * 3,
         "max_params": (max(s.total for s in stages),) * 3,
+        "block": (model_states.block_numel(model, tp),) * 3,
+        "layers": tuple(s.num_layers for s in kinds),
     }
 
 
@@ -348,7 +350,7 @@ def model_state_columns(cluster: Cluster, setup: TrainSetup, cands: LayoutColumn
     hundred combinations for tens of thousands of candidates. Each combination is evaluated
     once, at one of its candidates, and the values are gathered back."""
     keys, inv = _group(tp_pp_inv, *(cands[k] for k in ("zero_stage", "offload_optimizer",
-                                                      "offload_params")), cands["grad_accum"] > 1)
+                                                      "offload_params", "dp_engine")), cands["grad_accum"] > 1)
     rep = _representatives(inv, len(keys))
     row = tp_pp_inv[rep]  # the (tp, pp) row of each combination
     sub = cands.take(rep)
@@ -359,7 +361,7 @@ def model_state_columns(cluster: Cluster, setup: TrainSetup, cands: LayoutColumn
                                            setup.host_accounting)
         buffers_parts = model_states.buffer_parts(
             P, tables["largest"][row, kind], tables["persistent"][row, kind], sub,
-            setup.precision, buffers)
+            setup.precision, buffers, tables["block"][row, kind], tables["layers"][row, kind])
         gpu.append(model_states.parts_total(states.gpu, P)
                    + model_states.parts_total(buffers_parts, P))
         host.append((model_states.parts_total(states.cpu, P),
@@ -382,7 +384,7 @@ def stage_transient_column(model: ModelSpec, setup: TrainSetup, cands: LayoutCol
     return sum(peak.plan_transients(kept, recompute, loss, temps).values())
 
 
-STAGE_FIELDS = ("params", "largest", "persistent", "max_layers", "max_params")
+STAGE_FIELDS = ("params", "largest", "persistent", "max_layers", "max_params", "block", "layers")
 
 
 def evaluate(model: ModelSpec, cluster: Cluster, setup: TrainSetup, cands: dict[str, np.ndarray],
