@@ -218,12 +218,45 @@ def update(text: str) -> Path:
     return target
 
 
+COMPILE_HEADER = ["model", "precision", "seq x batch", "hf-sdpa inventory B", "eager measured B",
+                  "compiled measured B", "compiled vs inventory %", "compile s"]
+
+
+def compile_rows(names=("gpt2", "llama", "qwen2"), precisions=("fp32", "bf16", "autocast-bf16")) -> list[list[str]]:
+    """Saved activations of torch.compile(model) (Inductor, CPU) against the hf-sdpa inventory
+    and the eager model (planner.calibrate.compiled)."""
+    from planner.calibrate.compiled import compiled_saved, measure_saved
+
+    rows = []
+    for name in names:
+        config = SMALL[name]
+        spec = model_from_hf_dict(config, name=name)
+        for precision in precisions:
+            model = hf_models.build_model(config, "sdpa", precision, device="cpu")
+            impl = implementation_for(config, "sdpa", precision, "cpu")
+            predicted = impls.model_saved_bytes(spec, impl, SMALL_SEQ, SMALL_BATCH)
+            eager = sum(measure_saved(model, SMALL_SEQ, SMALL_BATCH, precision).values())
+            started = time.perf_counter()
+            compiled = sum(compiled_saved(model, SMALL_SEQ, SMALL_BATCH, precision).values())
+            rows.append([name, precision, f"{SMALL_SEQ} x {SMALL_BATCH}", f"{predicted:,}", f"{eager:,}",
+                         f"{compiled:,}", f"{100 * (predicted / compiled - 1):+.1f}",
+                         f"{time.perf_counter() - started:.0f}"])
+            print(" | ".join(rows[-1]), flush=True)
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--update-docs", action="store_true")
     parser.add_argument("--quick", action="store_true", help="CPU rows only")
     parser.add_argument("--peak", action="store_true", help="the step-peak table only")
+    parser.add_argument("--compile", action="store_true", help="the torch.compile table only")
     args = parser.parse_args()
+    if args.compile:
+        rows = compile_rows()
+        print("\n".join(["| " + " | ".join(COMPILE_HEADER) + " |", "|" + "---|" * len(COMPILE_HEADER)]
+                        + ["| " + " | ".join(r) + " |" for r in rows]))
+        return
     if args.peak:
         print(peak_table(peak_rows()))
         return

@@ -209,7 +209,8 @@ def test_unconstrained_best_layout_round_trips_through_fit_and_check(zplan, tmp_
              str(lay.virtual_stages), "--zero", str(lay.zero_stage), "--offload-optimizer",
              lay.offload_optimizer, "--offload-params", lay.offload_params, "--recompute",
              lay.recompute, "--micro-batch", str(lay.micro_batch), "--global-batch", str(batch),
-             "--sequence-parallel" if lay.sequence_parallel else "--no-sequence-parallel"]
+             "--sequence-parallel" if lay.sequence_parallel else "--no-sequence-parallel",
+             "--dp-engine", lay.dp_engine]
     fit = zplan("fit", "--model", name, "--gpu", gpu, "--gpus", str(gpus), "--seq-len", str(seq),
                 "--tokens", "1e12", *flags, "--json")
     assert fit.returncode == 0, fit.stderr

@@ -14,7 +14,7 @@ from planner.core.errors import PlanInputError
 from planner.core.spec import Cluster, Frozen, Layout, ModelSpec, TrainSetup
 from planner.search.strategies import cluster_with_gpus
 
-Source = Literal["job", "deepspeed", "megatron"]
+Source = Literal["job", "deepspeed", "megatron", "accelerate"]
 
 
 class CheckResult(Frozen):
@@ -92,6 +92,38 @@ def check_deepspeed(path: Path, model: ModelSpec, cluster: Cluster, *, num_gpus:
                              "implementation=hf-sdpa assumed (transformers' default attention); "
                              "--implementation to change")
     return check(model, hardware, job.layout, setup, "deepspeed", notes,
+                 reserve_gib=reserve_gib, cpu_mem_gib=cpu_mem_gib, implementation=implementation,
+                 host_accounting=host_accounting)
+
+
+def check_accelerate(path: Path, model: ModelSpec, cluster: Cluster, *, num_gpus: int | None,
+                     seq_len: int, tokens: float, optimizer: str, reserve_gib: float | None = None,
+                     cpu_mem_gib: float | None = None, implementation: str | None = None,
+                     host_accounting: str | None = None, **numbers: Any) -> CheckResult:
+    """An accelerate config (planner.io.accelerate_config) on its `num_processes` GPUs of the
+    cluster. The implementation defaults to hf-sdpa: accelerate runs the user's own model,
+    nearly always a transformers one, whose default attention is SDPA (modeling_utils.py
+    `get_correct_attn_implementation`, transformers 5.23.0)."""
+    from planner.io.accelerate_config import job_from_accelerate, num_processes, read_accelerate_config
+
+    config = read_accelerate_config(path)
+    processes = num_processes(config, num_gpus)
+    hardware = cluster_with_gpus(cluster, processes)
+    unused = sorted(k for k, v in numbers.items() if v is not None
+                    and k not in ("micro_batch", "grad_accum", "global_batch", "recompute"))
+    if unused:
+        raise PlanInputError("--" + unused[0].replace("_", "-"), "not used with --accelerate-config "
+                             "(accelerate runs data parallel: tp = pp = 1)")
+    job = job_from_accelerate(config, path, num_gpus=processes, hidden_size=model.hidden_size,
+                              **{k: numbers.get(k) for k in ("micro_batch", "grad_accum",
+                                                             "global_batch", "recompute")})
+    setup = make_setup(seq_len, job.global_batch, tokens, job.precision, optimizer)
+    notes = job.notes
+    if implementation is None:
+        implementation = "hf-sdpa"
+        notes = (*notes, "accelerate config: implementation=hf-sdpa assumed (transformers' default "
+                         "attention); --implementation to change")
+    return check(model, hardware, job.layout, setup, "accelerate", notes,
                  reserve_gib=reserve_gib, cpu_mem_gib=cpu_mem_gib, implementation=implementation,
                  host_accounting=host_accounting)
 

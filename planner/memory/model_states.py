@@ -29,7 +29,10 @@ import numpy as np
 from planner.core import rules
 from planner.core.columns import LayoutColumns
 from planner.core.errors import PlanInputError
-from planner.core.params import StageParams, largest_param_numel, layer_tensors_per_rank, norm_params
+from planner.core.columns import DP_ENGINES
+from planner.core.params import (StageParams, block_kinds, largest_param_numel, layer_params_per_rank,
+                                 layer_tensors_per_rank, norm_params)
+from planner.memory import fsdp2
 from planner.core.recipes import optimizer_bytes_per_param
 from planner.memory.host import PAPER_MOVES_TO_NVME, check_accounting
 from planner.core.spec import (
@@ -263,7 +266,8 @@ def zero3_persistent_numel(model: ModelSpec, tp: int, stage: StageParams, pp: in
 
 
 def buffer_parts(stage_numel, largest_numel, persistent_numel, cols: LayoutColumns,
-                 precision: PrecisionRecipe, sizes: EngineBuffers) -> Parts:
+                 precision: PrecisionRecipe, sizes: EngineBuffers, block_numel=None,
+                 stage_layers=None) -> Parts:
     """Named temporary GPU buffers of the engines at bucket sizes `sizes`, bytes, for every row of
     `cols` (reads zero_stage, offload_optimizer); per row: the stage's parameters on this GPU,
     its largest tensor and its ZeRO-3 persistent elements (`zero3_persistent_numel`).
@@ -277,18 +281,38 @@ def buffer_parts(stage_numel, largest_numel, persistent_numel, cols: LayoutColum
     (runtime/utils.py all_gather_into_tensor_dp_groups). zero 3 also: gathered parameters
     (stage3_max_live_parameters, which includes the prefetch bucket, at least the largest tensor,
     capped by what the stage holds) and the persistent small tensors.
+
+    dp_engine fsdp2 rows, when `block_numel` (one block's parameters on this GPU) and
+    `stage_layers` are given: torch `fully_shard`'s buffers instead of DeepSpeed's
+    (planner.memory.fsdp2.unsharded_parts: the root group's unsharded parameters, one block (or
+    the next block's all-gather output and one block's fp32 reduce-scatter input, an upper bound
+    for a bf16 reduction); parameters in the recipe's 16-bit dtype. ZeRO-2 (reshard_after_forward
+    False) keeps every group unsharded from forward to backward: that is the 16-bit replica the
+    ZeRO-2 states already count (`params`), so only the reduce-scatter input is added. The model
+    states' 16 bytes per parameter of a 16-bit recipe split differently under FSDP2 (fp32 shard,
+    fp32 gradient shard, Adam) but add up to the same total.
     """
     z, opt = cols["zero_stage"], cols["offload_optimizer"]
     pb = precision.param_bytes
     held = np.broadcast_to(stage_numel, z.shape)
     live = np.maximum(max(sizes.max_live_parameters, sizes.prefetch_bucket_elements), largest_numel)
-    return {
+    parts = {
         "ddp_grad_bucket": (z == 0, np.minimum(sizes.ddp_bucket_bytes, held * precision.grad_bytes)),
         "zero_reduce_bucket": (z > 0, np.full_like(held, sizes.reduce_bucket_elements * pb)),
         "offload_grad_staging": ((z > 0) & (z < 3) & (opt > 0), largest_numel * pb),
         "zero3_gathered_params": (z == 3, np.minimum(live, held) * pb),
         "zero3_persistent_params": (z == 3, persistent_numel * pb),
     }
+    if block_numel is None or "dp_engine" not in cols:
+        return parts
+    fsdp = np.asarray(cols["dp_engine"] == DP_ENGINES.index("fsdp2"), dtype=bool)
+    parts = {name: (np.asarray(mask, dtype=bool) & ~fsdp, value) for name, (mask, value) in parts.items()}
+    root = np.maximum(held - stage_layers * block_numel, 0)
+    fsdp_parts = fsdp2.unsharded_parts(root, block_numel, stage_layers, np.asarray(z == 3, dtype=bool),
+                                       param_bytes=pb)
+    resharded = fsdp & np.asarray(z == 3, dtype=bool)  # ZeRO-2: the replica is in the states
+    return parts | {name: (fsdp if name == "fsdp2_reduce_scatter_input" else resharded, value)
+                    for name, value in fsdp_parts.items()}
 
 
 def buffer_bytes(model: ModelSpec, layout: Layout, precision: PrecisionRecipe,
@@ -298,8 +322,15 @@ def buffer_bytes(model: ModelSpec, layout: Layout, precision: PrecisionRecipe,
     persistent = zero3_persistent_numel(model, layout.tp, stage, layout.pp,
                                         layout.buffers.param_persistence_threshold)
     parts = buffer_parts(np.array([stage.total], dtype=object), largest, persistent,
-                         exact_columns(layout), precision, layout.buffers)
+                         exact_columns(layout), precision, layout.buffers,
+                         block_numel=block_numel(model, layout.tp), stage_layers=stage.num_layers)
     return parts_row(parts)
+
+
+def block_numel(model: ModelSpec, tp: int) -> int:
+    """One block's parameters on one tp rank, the larger block kind (dense or MoE): an FSDP2
+    group (`fully_shard` per transformer block)."""
+    return max(layer_params_per_rank(model, tp, moe) for moe in block_kinds(model))
 
 
 def buffer_components(model: ModelSpec, layout: Layout, precision: PrecisionRecipe,

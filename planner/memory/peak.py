@@ -34,6 +34,8 @@ from __future__ import annotations
 
 from typing import Literal
 
+import numpy as np
+
 FP32_BYTES = 4
 
 OptimizerImpl = Literal["foreach", "fused", "for-loop", "none"]
@@ -83,3 +85,66 @@ def step_peak_bytes(resident_bytes: int, activation_bytes: int, gradient_bytes: 
             "gradients": gradient_bytes, "optimizer_temporaries": temps,
             "backward_start": backward_start, "optimizer_step": optimizer_step,
             "peak": max(backward_start, optimizer_step)}
+
+
+# --------------------------------------------------------------------------- the peak in the plan
+#
+# In the plan (planner.memory.plan, and the sweep's columns on the same functions) the gradients
+# are resident all step (the engines' persistent gradient buffers, model_states), so the step's
+# two moments differ from the resident total (states + buffers + kept activations) only by
+# their transients: at the start of backward the loss backward (last stage only); during a
+# checkpointed layer's backward the recompute working memory (one segment); at the optimizer step
+# the optimizer's temporaries while the activations are freed. The loss backward ends (the head's
+# backward frees the fp32 gradients) before the first block is recomputed, so the backward's
+# transient is the larger of the two, not their sum.
+
+
+def loss_kind(implementation: str) -> LossImpl:
+    """Megatron's vocab-parallel cross entropy for `megatron`; transformers' ForCausalLMLoss
+    (`logits.float()` then F.cross_entropy, transformers/loss/loss_utils.py) for hf-*."""
+    return "vocab-parallel" if implementation == "megatron" else "unfused"
+
+
+def gpu_optimizer_temp_bytes(num_params, dp, zero_stage, fsdp2, optimizer_offloaded):
+    """The Adam temporaries on one GPU at the optimizer step, for the implementation each engine
+    runs by default (ints or numpy arrays):
+
+    - optimizer offloaded: DeepSpeedCPUAdam steps on the host, nothing on the GPU;
+    - fsdp2: torch.optim.AdamW over DTensor shards; `foreach` is the default on CUDA
+      (`_default_to_fused_or_foreach` in torch/optim/optimizer.py, DTensor registered in
+      `_foreach_supported_types` by torch/distributed/tensor/__init__.py, torch 2.13): one fp32
+      state-sized temporary of the local shard, ceil(P/dp) elements. HF Trainer's default
+      `adamw_torch_fused` (transformers 5.23 training_args.py, torch >= 2.8) keeps none:
+      counting foreach is an upper bound there;
+    - otherwise fused, none: Megatron-Core's optimizer is TE / Apex FusedAdam
+      (megatron/core/optimizer/__init__.py), DeepSpeed builds FusedAdam
+      (deepspeed/runtime/engine.py `_configure_basic_optimizer`), HF Trainer adamw_torch_fused."""
+    local = _where(zero_stage >= 1, -(-num_params // dp), num_params)
+    foreach = np.logical_and(fsdp2, np.logical_not(optimizer_offloaded))
+    return _where(foreach, optimizer_temp_bytes(local, 0, "foreach"), 0)
+
+
+def stage_loss_bytes(setup, vocab_size: int, tp, micro_batch, cp=1):
+    """The loss backward's transient of the last stage (`loss_backward_bytes`) for the setup's
+    implementation (`loss_kind`) and logits in the activation dtype, over the s / cp tokens of
+    each sequence a context-parallel rank holds; ints or arrays."""
+    return loss_backward_bytes(micro_batch * (setup.seq_len // cp), -(-vocab_size // tp),
+                               setup.precision.activation_bytes, loss_kind(setup.implementation))
+
+
+def plan_transients(kept_bytes, recompute_bytes, loss_bytes, optimizer_temps_bytes) -> dict:
+    """The named transients that lift a stage's total (states, buffers, kept activations and
+    the recompute segment already in `working`) to the step's peak, as extra buffers:
+    `loss_backward`, what the loss backward's tensors exceed the recompute segment by (the two
+    never coexist: the backward's transient is the larger of them), and `optimizer_step`, what
+    the optimizer's temporaries exceed the freed activations and that transient by (0 when the
+    backward is the peak). Ints and numpy arrays alike."""
+    backward = _where(loss_bytes > recompute_bytes, loss_bytes, recompute_bytes)
+    excess = optimizer_temps_bytes - kept_bytes - backward
+    return {"loss_backward": backward - recompute_bytes, "optimizer_step": _where(excess > 0, excess, 0)}
+
+
+def _where(cond, a, b):
+    """np.where on arrays; a plain choice on scalars (the plan's exact Python ints, which may
+    exceed int64)."""
+    return np.where(cond, a, b) if isinstance(cond, np.ndarray) else (a if cond else b)

@@ -9,7 +9,7 @@ the same column functions the sweep evaluates), activations and recompute workin
 
 from __future__ import annotations
 
-from planner.memory import activations, experts, model_states
+from planner.memory import activations, experts, model_states, peak
 from planner.core import params
 from planner.core import rules
 from planner.core.columns import LayoutColumns
@@ -34,10 +34,15 @@ class StageMemory(Frozen):
     """Activations kept for backward: micro-batches in flight x bytes per micro-batch."""
     in_flight_microbatches: int
     buffers: dict[str, int]
-    """Named temporary buffers (gradient buckets, ZeRO-3 prefetch / live parameters)."""
+    """Named temporary buffers (gradient buckets, ZeRO-3 prefetch / live parameters) and the
+    step's transients beyond the resident bytes when non-zero (planner.memory.peak.plan_transients):
+    `loss_backward` (the loss's fp32 gradients at the start of backward, last stage, beyond the
+    recompute segment) and `optimizer_step` (the optimizer's temporaries beyond the freed
+    activations)."""
     working: dict[str, int]
     """Named working memory (recompute of one checkpointed segment during backward)."""
     total_bytes: int
+    """The step's peak on this GPU (planner.memory.peak): every part above."""
     capacity_bytes: int
     """Nominal HBM minus the runtime reserve (MemoryPlan.reserve)."""
     headroom_bytes: int
@@ -103,11 +108,14 @@ def plan_memory(model: ModelSpec, cluster: Cluster, layout: Layout, setup: Train
         states = experts.model_state_bytes(sp.total, routed[index], setup.precision,
                                            setup.optimizer, layout, setup.host_accounting)
         sp = sp.model_copy(update={"total": experts.params_per_gpu(sp.total, routed[index], layout.ep)})
-        buffers = model_states.buffer_bytes(model, layout, setup.precision, sp)
         working = {"recompute_segment": act.recompute_working_bytes} if act.recompute_working_bytes else {}
         if act.cp_working_bytes:
             working["cp_attention_buffers"] = act.cp_working_bytes
         kept = act.total_bytes - act.recompute_working_bytes - act.cp_working_bytes
+        buffers = model_states.buffer_bytes(model, layout, setup.precision, sp) | stage_transients(
+            model, layout, setup, sp.total, kept,
+            act.recompute_working_bytes + act.cp_working_bytes,  # the transient working bytes
+            last=index == len(stage_params) - 1)
         total = states.gpu_total_bytes + kept + sum(buffers.values()) + sum(working.values())
         stages.append(
             StageMemory(
@@ -134,6 +142,18 @@ def plan_memory(model: ModelSpec, cluster: Cluster, layout: Layout, setup: Train
     used = accounting_used(setup.host_accounting, layout.zero_stage, layout.offload_optimizer)
     return MemoryPlan(stages=stages, node=node, fits=not overflows, overflows=overflows,
                       reserve=reserve, reserve_note=note, host_accounting_note=used or "")
+
+
+def stage_transients(model: ModelSpec, layout: Layout, setup: TrainSetup, num_params: int,
+                     kept_bytes: int, recompute_bytes: int, *, last: bool) -> dict[str, int]:
+    """The non-zero named transients of one stage (planner.memory.peak.plan_transients, the
+    functions the sweep evaluates over its columns)."""
+    loss = peak.stage_loss_bytes(setup, model.vocab_size, layout.tp, layout.micro_batch,
+                                 layout.cp) if last else 0
+    temps = peak.gpu_optimizer_temp_bytes(num_params, layout.dp, layout.zero_stage,
+                                          layout.dp_engine == "fsdp2", layout.offload_optimizer != "none")
+    parts = peak.plan_transients(kept_bytes, recompute_bytes, loss, temps)
+    return {name: int(v) for name, v in parts.items() if int(v)}
 
 
 def gpu_reserve(cluster: Cluster, layout: Layout, setup: TrainSetup) -> dict[str, int]:

@@ -23,6 +23,7 @@ from planner.core import params
 from planner.core.columns import LayoutColumns
 from planner.memory import activations, model_states
 from planner.memory.plan import plan_memory
+from planner.search import sweep
 from planner.core.spec import Cluster, Frozen, Layout, ModelSpec, TrainSetup
 
 MAX_NODES = 1 << 16
@@ -107,7 +108,11 @@ def _fits_many(model: ModelSpec, cluster: Cluster, base: Layout, setup: TrainSet
                          (model_states.parts_total(states.cpu, P),
                           model_states.parts_total(states.nvme, P)))
         gpu, stage_host = seen[key]
-        fits &= gpu + act.total_bytes <= capacity
+        kept = act.total_bytes - act.recompute_working_bytes - act.cp_working_bytes
+        transients = sweep.stage_transient_column(  # the plan's peak (memory.peak)
+            model, setup, cols, sp.total, kept, act.recompute_working_bytes + act.cp_working_bytes,
+            last=sp.stage == base.pp - 1)
+        fits &= gpu + act.total_bytes + transients <= capacity
         host.append(stage_host)
     if base.pp > 1 and any(np.any(c) or np.any(n) for c, n in host):
         return np.array([_fits(model, cluster, base.model_copy(update={"dp": int(d)}), setup)

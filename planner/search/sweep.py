@@ -35,7 +35,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from planner.memory import activations, experts, implementations, model_states, plan
+from planner.memory import activations, experts, implementations, model_states, peak, plan
 from planner.memory.reserve import reserve_column
 from planner.core import params
 from planner.timing import steptime
@@ -322,6 +322,7 @@ def stage_table(model: ModelSpec, tp: int, pp: int,
         "persistent": tuple(persistent[s.stage] for s in kinds),
         "max_layers": (max(s.num_layers for s in stages),) * 4,
         "max_params": (max(per_gpu),) * 4,
+        "block": (model_states.block_numel(model, tp),) * 4,
         "layers": tuple(s.num_layers for s in kinds),
         "stage": tuple(s.stage + 1 for s in kinds),
     }
@@ -362,20 +363,21 @@ def node_stage_counts(tp: int, dp: int, pp: int, gpus_per_node: int,
     return sorted(rows)
 
 
-def hf_activation_column(model: ModelSpec, setup: TrainSetup, rec, b) -> np.ndarray:
-    """Activation bytes (kept + working) of every hf-* candidate (tp = pp = 1: one stage of all
-    layers), exact: transformers' inventories hold parts that do not grow with the micro-batch
-    (rotary cos/sin, autocast's weight casts, the b = 1 targets view), so each distinct
-    (recompute, micro_batch) pair is evaluated once with `hf_activation_bytes`."""
+def hf_activation_column(model: ModelSpec, setup: TrainSetup, rec, b) -> tuple[np.ndarray, np.ndarray]:
+    """(kept, recompute working) activation bytes of every hf-* candidate (tp = pp = 1: one
+    stage of all layers), exact: transformers' inventories hold parts that do not grow with the
+    micro-batch (rotary cos/sin, autocast's weight casts, the b = 1 targets view), so each
+    distinct (recompute, micro_batch) pair is evaluated once with `hf_activation_bytes`."""
     keys, inv = _group(rec, b)
     out = []
     for r, mb in keys.tolist():
         if RECOMPUTE_MODES[r] not in ("none", "full"):
-            out.append(0)  # masked by the rule table
+            out.append((0, 0))  # masked by the rule table
             continue
         block, outside, working = implementations.hf_activation_bytes(model, setup, RECOMPUTE_MODES[r], mb)
-        out.append(model.num_layers * block + outside + working)
-    return np.array(out, dtype=np.int64)[inv]
+        out.append((model.num_layers * block + outside, working))
+    table = np.array(out, dtype=np.int64).reshape(-1, 2)[inv]
+    return table[:, 0], table[:, 1]
 
 
 def activation_table(model: ModelSpec, setup: TrainSetup, tp: int, rec: int, sp: bool,
@@ -525,7 +527,7 @@ def model_state_columns(cluster: Cluster, setup: TrainSetup, cands: LayoutColumn
     hundred combinations for tens of thousands of candidates. Each combination is evaluated
     once, at one of its candidates, and the values are gathered back."""
     keys, inv = _group(tp_pp_inv, *(cands[k] for k in ("zero_stage", "offload_optimizer",
-                                                      "offload_params")), cands["grad_accum"] > 1)
+                                                      "offload_params", "dp_engine")), cands["grad_accum"] > 1)
     rep = _representatives(inv, len(keys))
     row = tp_pp_inv[rep]  # the (tp, pp) row of each combination
     sub = cands.take(rep)
@@ -537,7 +539,7 @@ def model_state_columns(cluster: Cluster, setup: TrainSetup, cands: LayoutColumn
         P = experts.params_per_gpu(P, routed, sub["ep"]) if "ep" in sub else P
         buffers_parts = model_states.buffer_parts(
             P, tables["largest"][row, kind], tables["persistent"][row, kind], sub,
-            setup.precision, buffers)
+            setup.precision, buffers, tables["block"][row, kind], tables["layers"][row, kind])
         gpu.append(model_states.parts_total(states.gpu, P)
                    + model_states.parts_total(buffers_parts, P))
         host.append((model_states.parts_total(states.cpu, P),
@@ -549,8 +551,21 @@ def model_state_columns(cluster: Cluster, setup: TrainSetup, cands: LayoutColumn
     return gpu[0][inv], gpu[3][inv], node_cpu[inv], node_nvme[inv], gpu[1][inv], gpu[2][inv]
 
 
-STAGE_FIELDS = ("params", "routed", "largest", "persistent", "max_layers", "max_params", "layers",
-                "stage")
+def stage_transient_column(model: ModelSpec, setup: TrainSetup, cands: LayoutColumns, num_params,
+                           kept, recompute, last) -> np.ndarray:
+    """The transients of one stage kind per candidate beyond its kept activations and recompute
+    segment, summed (`plan.stage_transients`'s
+    functions over columns: planner.memory.peak); `last`: rows where that stage holds the loss."""
+    loss = np.where(last, peak.stage_loss_bytes(setup, model.vocab_size, cands["tp"],
+                                                cands["micro_batch"], cands.get("cp", 1)), 0)
+    temps = peak.gpu_optimizer_temp_bytes(num_params, cands["dp"], cands["zero_stage"],
+                                          cands["dp_engine"] == DP_ENGINES.index("fsdp2"),
+                                          cands["offload_optimizer"] > 0)
+    return sum(peak.plan_transients(kept, recompute, loss, temps).values())
+
+
+STAGE_FIELDS = ("params", "routed", "largest", "persistent", "max_layers", "max_params", "block",
+                "layers", "stage")
 
 
 def evaluate(model: ModelSpec, cluster: Cluster, setup: TrainSetup, cands: dict[str, np.ndarray],
@@ -581,24 +596,33 @@ def evaluate(model: ModelSpec, cluster: Cluster, setup: TrainSetup, cands: dict[
     kept_f, kept_l = kept_activation_bytes_b1(cands, chunk_f, first_x, last_x, chunk_l)
     states_first, states_last, node_cpu, node_nvme, states_mid, states_heavy = model_state_columns(
         cluster, setup, cands, keys, inv, tables, c.buffers)
-    gpu_first = states_first + per_b * (kept_f + working)
-    gpu_last = states_last + per_b * (kept_l + working)
+    kept_f, kept_l, working = per_b * kept_f, per_b * kept_l, per_b * working
     mixed = len(params.block_kinds(model)) == 2
     middle = ((first_l > 0) | mixed) & (pp >= 3)  # a middle stage can then outgrow stage 1
-    gpu_mid, gpu_heavy = (
-        np.where(middle, st + per_b * (kept_middle_bytes_b1(cands, ch, stage_no[:, k]) + working), 0)
-        for st, ch, k in ((states_mid, chunk_m, 1), (states_heavy, chunk_h, 2)))
+    kept_m, kept_h = (np.where(middle, per_b * kept_middle_bytes_b1(cands, ch, stage_no[:, k]), 0)
+                      for ch, k in ((chunk_m, 1), (chunk_h, 2)))
     if setup.implementation != "megatron":  # not linear in b: exact per (recompute, b)
-        gpu_first = gpu_last = states_first + hf_activation_column(model, setup, rec, b)
+        kept_f, working = hf_activation_column(model, setup, rec, b)
+        kept_l = kept_f
+    stage_params = tables["params"][inv]
+
+    def stage_bytes(states, kept, kind, last):  # states + activations + the step's transients
+        return states + kept + working + stage_transient_column(
+            model, setup, cands, stage_params[:, kind], kept, working, last)
+
+    gpu_first = stage_bytes(states_first, kept_f, 0, pp == 1)
+    gpu_mid = np.where(middle, stage_bytes(states_mid, kept_m, 1, False), 0)
+    gpu_heavy = np.where(middle, stage_bytes(states_heavy, kept_h, 2, False), 0)
+    gpu_last = stage_bytes(states_last, kept_l, 3, True)
     kinds = np.stack([gpu_first, gpu_mid, gpu_heavy, gpu_last])  # the first maximum wins ties
-    peak = kinds.max(axis=0)
+    gpu_peak = kinds.max(axis=0)
     capacity = cluster.gpu.memory_bytes - reserve_column(
         cluster.gpu, setup.reserve_gib, cands["tp"], cands["pp"], cands["dp"], cp)
     peak_stage = np.take_along_axis(
         np.stack([np.ones_like(pp), stage_no[:, 1], stage_no[:, 2], pp]),
         kinds.argmax(axis=0)[None], axis=0)[0]
-    out = dict(gpu_peak_bytes=peak, peak_stage=peak_stage,
-               headroom_bytes=capacity - peak, node_cpu_bytes=node_cpu, node_nvme_bytes=node_nvme)
+    out = dict(gpu_peak_bytes=gpu_peak, peak_stage=peak_stage,
+               headroom_bytes=capacity - gpu_peak, node_cpu_bytes=node_cpu, node_nvme_bytes=node_nvme)
     out |= steptime.step_columns(model, cluster, setup, cands, tables["max_layers"][inv, 0],
                                  tables["max_params"][inv, 0], flash_attention=c.flash_attention,
                                  buffers=c.buffers, efficiency=efficiency, stage_rows=inv)

@@ -17,6 +17,10 @@ _ENGINE = "Engine configs (instead of a job file)"
 DeepSpeedOpt = Annotated[Optional[Path], typer.Option(
     "--deepspeed", help="A DeepSpeed ds_config.json as the layout (with --model and --cluster).",
     rich_help_panel=_ENGINE)]
+AccelerateOpt = Annotated[Optional[Path], typer.Option(
+    "--accelerate-config", help="An accelerate config YAML (FSDP / DEEPSPEED / MULTI_GPU) as the "
+    "layout, with --model, --cluster and --micro-batch; implementation hf-sdpa by default.",
+    rich_help_panel=_ENGINE)]
 MegatronOpt = Annotated[Optional[Path], typer.Option(
     "--megatron-args", help="A Megatron-LM launch line / args file: model, layout and batch from its flags.",
     rich_help_panel=_ENGINE)]
@@ -27,6 +31,7 @@ def check(
     job: Annotated[Optional[Path], typer.Argument(help="Job YAML: model, cluster, layout, setup.")] = None,
     deepspeed: DeepSpeedOpt = None,
     megatron_args: MegatronOpt = None,
+    accelerate_config: AccelerateOpt = None,
     model: opt.ModelOrNoneOpt = None,
     cluster: opt.ClusterOpt = None,
     gpu: opt.GpuOpt = None,
@@ -54,15 +59,19 @@ def check(
     """Does this job fit? `zplan check JOB.yaml`, `--deepspeed ds.json --model M --cluster C`,
     or `--megatron-args FILE --cluster C`. Prints one verdict line.
 
+    Also `--accelerate-config FILE --model M --cluster C --micro-batch B` (accelerate's YAML).
+
     Exit 0 fits, 1 does not fit, 2 bad input.
     """
     from planner.io import check as lib
     from planner.cli.report import check as render
 
     sources = [name for name, value in (("JOB", job), ("--deepspeed", deepspeed),
-                                        ("--megatron-args", megatron_args)) if value is not None]
+                                        ("--megatron-args", megatron_args),
+                                        ("--accelerate-config", accelerate_config)) if value is not None]
     if len(sources) != 1:
-        raise PlanInputError("check", "give exactly one of JOB, --deepspeed FILE, --megatron-args FILE"
+        raise PlanInputError("check", "give exactly one of JOB, --deepspeed FILE, --megatron-args FILE, "
+                             "--accelerate-config FILE"
                              + (f" (got {', '.join(sources)})" if sources else ""))
     numbers = dict(tp=tp, pp=pp, ep=ep, micro_batch=micro_batch, grad_accum=grad_accum, global_batch=global_batch,
                    recompute=recompute, recompute_every_k=recompute_every_k, flash_attention=flash_attention)
@@ -84,6 +93,20 @@ def check(
             deepspeed, spec, hardware, num_gpus=gpus, seq_len=opt.default_seq_len(spec, seq_len),
             tokens=tokens or opt.DEFAULT_TOKENS, optimizer=optimizer or opt.DEFAULT_OPTIMIZER,
             precision=precision, **host, **numbers)
+    elif accelerate_config is not None:
+        if model is None:
+            raise PlanInputError("--model", "--accelerate-config needs --model (an accelerate config has no model)")
+        _refuse_given("--accelerate-config", "the config's mixed_precision says the precision",
+                      dict(precision=precision))
+        from planner.io.accelerate_config import num_processes, read_accelerate_config
+
+        spec = opt.resolve_model(model, profiles)
+        processes = num_processes(read_accelerate_config(accelerate_config), gpus)
+        hardware = _hardware(cluster, gpu, processes if gpu is not None else gpus, profiles)
+        result = lib.check_accelerate(
+            accelerate_config, spec, hardware, num_gpus=gpus, seq_len=opt.default_seq_len(spec, seq_len),
+            tokens=tokens or opt.DEFAULT_TOKENS, optimizer=optimizer or opt.DEFAULT_OPTIMIZER,
+            **host, **numbers)
     else:
         _refuse_given("--megatron-args", "the launch line says these",
                       dict(numbers, model=model, seq_len=seq_len, precision=precision))

@@ -3,7 +3,7 @@
 JSON schema (kind "check", schema_version from planner.cli.report):
   fits: bool                      the verdict (exit code 0 when true, 1 when false)
   verdict: str                    the one human line
-  source: "job" | "deepspeed" | "megatron"
+  source: "job" | "deepspeed" | "megatron" | "accelerate"
   model: str, cluster: str, num_gpus: int
   layout: {tp, pp, dp, virtual_stages, zero_stage, offload_optimizer, offload_params,
            recompute, recompute_every_k, sequence_parallel, flash_attention, tempo,
@@ -44,6 +44,14 @@ def layout_label(result: CheckResult) -> str:
     return " ".join(parts)
 
 
+def transient_note(stage) -> str:
+    """The step's transients the peak stage's total includes (planner.memory.peak:
+    StageMemory.buffers `loss_backward`, `optimizer_step`), or "" when there are none."""
+    parts = [f"{name.replace('_', ' ')} {fmt_bytes(stage.buffers[name])}"
+             for name in ("loss_backward", "optimizer_step") if name in stage.buffers]
+    return f"; the peak includes the step's transient ({', '.join(parts)})" if parts else ""
+
+
 def verdict_line(result: CheckResult) -> str:
     """FITS with the peak stage's headroom, or DOES NOT FIT with every overflow."""
     plan = result.plan
@@ -55,7 +63,7 @@ def verdict_line(result: CheckResult) -> str:
         warning = headroom_warning(peak.headroom_bytes, peak.capacity_bytes)
         return (f"FITS: {where}: peak {fmt_bytes(peak.total_bytes)} of {fmt_bytes(peak.capacity_bytes)} "
                 f"on stage {peak.stage}, headroom {fmt_bytes(peak.headroom_bytes)}"
-                + (f"; {warning}" if warning else "") + used)
+                + (f"; {warning}" if warning else "") + transient_note(peak) + used)
     return f"DOES NOT FIT: {where}: {'; '.join(plan.overflows)}{used}"
 
 

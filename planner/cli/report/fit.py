@@ -8,6 +8,7 @@ from rich.table import Table
 
 from planner.cli.report import emit_json, fmt_bytes, fmt_count, fmt_seconds, gib, human_console
 from planner.cli.report import table as new_table
+from planner.cli.report.check import transient_note
 from planner.memory.reserve import headroom_warning
 
 if TYPE_CHECKING:
@@ -98,7 +99,7 @@ def verdict_line(result: FitResult) -> str:
         warning = headroom_warning(peak.headroom_bytes, peak.capacity_bytes)
         line = (f"FITS: peak {fmt_bytes(peak.total_bytes)} of {fmt_bytes(peak.capacity_bytes)} "
                 f"on stage {peak.stage} (headroom {fmt_bytes(peak.headroom_bytes)})"
-                + (f"; {warning}" if warning else ""))
+                + (f"; {warning}" if warning else "") + transient_note(peak))
     else:
         line = "DOES NOT FIT: " + "; ".join(memory.overflows)
     return line + (f"; {memory.host_accounting_note}" if memory.host_accounting_note else "")
