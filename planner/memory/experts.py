@@ -48,6 +48,8 @@ def moe_layers_per_stage(model: ModelSpec, pp: int, first: int | None = None,
                          last: int | None = None) -> list[int]:
     """MoE blocks on each pipeline stage (`params.layers_per_stage`, `ModelSpec.layer_is_moe`):
     DeepSeek-V3's three dense blocks sit on stage 1."""
+    if not model.is_moe:  # no MoE block anywhere
+        return [0] * len(params.layers_per_stage(model.num_layers, pp, first, last))
     out, start = [], 0
     for n in params.layers_per_stage(model.num_layers, pp, first, last):
         out.append(sum(model.layer_is_moe(i) for i in range(start, start + n)))

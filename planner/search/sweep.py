@@ -339,6 +339,8 @@ def middle_kinds(model: ModelSpec, stages: list) -> tuple:
     if len(stages) < 3:
         return stages[0], stages[0]
     middle = stages[1:-1]
+    if len(params.block_kinds(model)) == 1:  # every block alike: stage 2 is the heaviest middle
+        return middle[0], middle[0]
     start = sum(s.num_layers for s in stages[:1])
     moe_counts, at = [], start
     for s in middle:

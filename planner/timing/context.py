@@ -121,6 +121,8 @@ def cp_comm_s(model: ModelSpec, seq_len: int, cols, layers, peak_flops_per_s, ef
     attention; a2a: the eight all-to-alls); 0 where cp = 1. Selective and full recompute run
     the attention forward again in backward, with its communication."""
     cp = np.asarray(cols.get("cp", 1))
+    if not np.any(cp > 1):
+        return np.zeros(np.shape(cols["tp"]))
     a2a = np.asarray(cols.get("cp_comm_type", 0)) == A2A_CODE
     tp, b, m = cols["tp"], cols["micro_batch"], cols["grad_accum"]
     passes = 1 + (np.asarray(cols["recompute"]) > 0)
