@@ -191,20 +191,19 @@ def test_llama4_chunked_attention_kv():
 # --------------------------------------------------------------------------- tp wider than kv heads
 
 
-def test_tp_wider_than_kv_heads_replicates_on_request():
+def test_tp_wider_than_kv_heads_replicates():
     model = load("qwen3-30b-a3b.json")  # 32 query heads, 4 kv heads
-    with pytest.raises(PlanInputError, match="must divide num_kv_heads"):
-        params.layer_params_per_rank(model, 8)  # the default stays strict (see check_tp)
-    tensors = dict(params.layer_tensors_per_rank(model, 8, kv_replication=True))
-    # Megatron splits the fused QKV weight evenly and all-gathers its output (attention.py)
+    # training now allows it (issue 13): Megatron splits the fused QKV weight evenly and
+    # all-gathers its output (attention.py); the strict default that refused it is gone
+    tensors = dict(params.layer_tensors_per_rank(model, 8))
     assert tensors["linear_qkv.weight"] == 2048 * (32 + 2 * 4) * 128 // 8 == 1_310_720
     assert params.kv_heads_per_rank(model, 8) == 1  # one kv head per rank, replicated 2x
     assert params.kv_heads_per_rank(model, 2) == 2
     odd = ModelSpec(name="odd", num_layers=2, hidden_size=3072, num_heads=24, num_kv_heads=8,
                     head_dim=96, ffn_hidden_size=12288, vocab_size=1000, max_seq_len=128)
     with pytest.raises(PlanInputError, match="multiple or a divisor"):
-        params.check_tp(odd, 12, kv_replication=True)  # 8 neither divides nor is divided by 12
-    params.check_tp(odd, 24, kv_replication=True)  # 24 = 3 x 8: accepted, (24 + 16) x 96 / 24
+        params.check_tp(odd, 12)  # 8 neither divides nor is divided by 12
+    params.check_tp(odd, 24)  # 24 = 3 x 8: accepted, (24 + 16) x 96 / 24
 
 
 # --------------------------------------------------------------------------- validation / import

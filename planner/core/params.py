@@ -278,12 +278,12 @@ def uneven_layers_per_stage(num_layers: int, pp: int, first: int | None,
     return out
 
 
-def check_tp(model: ModelSpec, tp: int, kv_replication: bool = False) -> None:
-    """Megatron splits heads and the MLP widths evenly (utils.divide asserts). kv heads: tp must
-    divide them; with `kv_replication` tp may also be a multiple of them (transformer_config.py
-    "must be a multiple or divisor"; each rank then computes with one replicated kv head).
-    The default stays strict until the activation and inference models use
-    `kv_heads_per_rank` (they divide kv heads by tp today)."""
+def check_tp(model: ModelSpec, tp: int) -> None:
+    """Megatron splits heads, the fused QKV output and the MLP widths evenly (utils.divide
+    asserts); num_kv_heads must be a multiple or a divisor of tp (transformer_config.py
+    `__post_init__` at d98e8a64): split over tp, or, when tp is wider, each rank computes with
+    one kv head replicated tp / kv times (`kv_heads_per_rank`). The same rule as
+    planner.core.rules `TP_RULE_NAME` (that one over layout columns)."""
     if tp < 1:
         raise PlanInputError("tp", f"tensor-parallel degree must be at least 1 (got {tp})")
     widths = [("num_heads", model.num_heads)]
@@ -292,13 +292,11 @@ def check_tp(model: ModelSpec, tp: int, kv_replication: bool = False) -> None:
     if model.num_moe_layers < model.num_layers:
         widths.append(("ffn_hidden_size", model.ffn_hidden_size))
     if not model.is_mla:
-        widths.append(("fused QKV width (num_heads + 2 num_kv_heads) x head_dim", _qkv_width(model)))
+        widths.append(("fused QKV width (num_heads + 2 num_kv_heads) x head_dim", qkv_width(model)))
     for field, value in widths:
         if value % tp:
             raise PlanInputError("tp", f"tp={tp} must divide {field} ({value}) of model {model.name}")
     kv = model.kv_heads
-    if not model.is_mla and kv % tp and not kv_replication:
-        raise PlanInputError("tp", f"tp={tp} must divide num_kv_heads ({kv}) of model {model.name}")
     if not model.is_mla and kv % tp and tp % kv:
         raise PlanInputError(
             "tp", f"num_kv_heads ({kv}) of model {model.name} must be a multiple or a divisor of "
@@ -310,32 +308,31 @@ def kv_heads_per_rank(model: ModelSpec, tp: int) -> int:
     when tp is wider than the kv heads (Megatron attention.py `num_query_groups_per_partition`,
     vLLM QKVParallelLinear `num_kv_head_replicas`). MLA: every rank's heads have their own
     key/value, a / tp."""
-    check_tp(model, tp, kv_replication=True)
+    check_tp(model, tp)
     if model.is_mla:
         return model.num_heads // tp
     return max(1, model.kv_heads // tp)
 
 
-def _qkv_width(model: ModelSpec) -> int:
+def qkv_width(model: ModelSpec) -> int:
     """Outputs of the fused Q, K, V projection (standard attention)."""
     return (model.num_heads + 2 * model.kv_heads) * model.head_size
 
 
-def layer_tensors_per_rank(model: ModelSpec, tp: int, moe: bool | None = None,
-                           kv_replication: bool = False) -> list[tuple[str, int]]:
+def layer_tensors_per_rank(model: ModelSpec, tp: int, moe: bool | None = None) -> list[tuple[str, int]]:
     """One block's tensors (name, elements) on one tp rank, Megatron layout: fused linear_qkv
     and gate+up are column-parallel (weight and bias split), linear_proj and fc2 row-parallel
     (weight split, bias replicated), norms and the MoE router replicated, experts split by tp.
-    `moe` picks the MoE or the dense block (None: MoE when the model has experts);
-    `kv_replication` allows tp wider than the kv heads (check_tp)."""
-    return list(_layer_tensors(model, tp, model.is_moe if moe is None else moe, kv_replication))
+    `moe` picks the MoE or the dense block (None: MoE when the model has experts). tp wider
+    than the kv heads: the QKV weight is still split evenly (`_attention_tensors`)."""
+    return list(_layer_tensors(model, tp, model.is_moe if moe is None else moe))
 
 
 @functools.lru_cache(maxsize=1024)
-def _layer_tensors(model: ModelSpec, tp: int, moe: bool, kv_replication: bool) -> tuple[tuple[str, int], ...]:
+def _layer_tensors(model: ModelSpec, tp: int, moe: bool) -> tuple[tuple[str, int], ...]:
     """`layer_tensors_per_rank`, remembered per (model, tp, block kind): a sweep's stage tables
     ask for the same few tp values for every pp and stage (a fresh list is returned each call)."""
-    check_tp(model, tp, kv_replication)
+    check_tp(model, tp)
     h = model.hidden_size
     tensors = _mla_tensors(model, tp) if model.is_mla else _attention_tensors(model, tp)
     norm_tensors = [("weight", h), ("bias", h)] if model.norm == "layernorm" else [("weight", h)]
@@ -359,10 +356,10 @@ def _attention_tensors(model: ModelSpec, tp: int) -> list[tuple[str, int]]:
     """Standard attention on one tp rank: the fused QKV weight split evenly (also when tp is
     wider than the kv heads), q/k norms over head_dim replicated."""
     h, d = model.hidden_size, model.head_size
-    qkv_width = _qkv_width(model)
-    tensors = [("linear_qkv.weight", h * qkv_width // tp)]
+    width = qkv_width(model)
+    tensors = [("linear_qkv.weight", h * width // tp)]
     if model.linear_bias or model.qkv_bias:
-        tensors.append(("linear_qkv.bias", qkv_width // tp))
+        tensors.append(("linear_qkv.bias", width // tp))
     if model.qk_norm:
         tensors += [("q_layernorm.weight", d), ("k_layernorm.weight", d)]
     tensors.append(("linear_proj.weight", model.num_heads * d * h // tp))
@@ -404,10 +401,9 @@ def _mlp_tensors(model: ModelSpec, ffn: int, tp: int, prefix: str) -> list[tuple
     return tensors
 
 
-def layer_params_per_rank(model: ModelSpec, tp: int, moe: bool | None = None,
-                          kv_replication: bool = False) -> int:
-    """One block's parameters on one tp rank (`moe`, `kv_replication` as in layer_tensors_per_rank)."""
-    return sum(n for _, n in layer_tensors_per_rank(model, tp, moe, kv_replication))
+def layer_params_per_rank(model: ModelSpec, tp: int, moe: bool | None = None) -> int:
+    """One block's parameters on one tp rank (`moe` as in layer_tensors_per_rank)."""
+    return sum(n for _, n in layer_tensors_per_rank(model, tp, moe))
 
 
 def vocab_rows_per_rank(model: ModelSpec, tp: int) -> int:
@@ -449,12 +445,12 @@ def block_kinds(model: ModelSpec) -> set[bool]:
     return {kind for kind, present in ((True, moe > 0), (False, moe < model.num_layers)) if present}
 
 
-def stage_param_counts(model: ModelSpec, tp: int, pp: int, kv_replication: bool = False,
+def stage_param_counts(model: ModelSpec, tp: int, pp: int,
                        first: int | None = None, last: int | None = None
                        ) -> list[tuple[int, int, int, int]]:
     """(num_layers, layer_params, embedding_params, head_params) of each pipeline stage as
     plain ints: `stage_params` without the typed records (the sweep's hot path)."""
-    per_layer = {moe: layer_params_per_rank(model, tp, moe, kv_replication) for moe in block_kinds(model)}
+    per_layer = {moe: layer_params_per_rank(model, tp, moe) for moe in block_kinds(model)}
     only = next(iter(per_layer.values())) if len(per_layer) == 1 else None  # one block kind
     stages, start = [], 0
     for stage, n_layers in enumerate(layers_per_stage(model.num_layers, pp, first, last)):
@@ -477,21 +473,20 @@ def stage_record(stage: int, counts: tuple[int, int, int, int]) -> StageParams:
                        total=layers + embedding + head)
 
 
-def stage_params(model: ModelSpec, tp: int, pp: int, kv_replication: bool = False,
+def stage_params(model: ModelSpec, tp: int, pp: int,
                  first: int | None = None, last: int | None = None) -> list[StageParams]:
     """Parameters held by one GPU (largest tp rank) of each pipeline stage; MoE and dense
     blocks counted where they sit (first_dense_layers, moe_layer_step); `first` / `last` the
     uneven stage sizes (`layers_per_stage`)."""
     return [stage_record(i, counts) for i, counts in
-            enumerate(stage_param_counts(model, tp, pp, kv_replication, first, last))]
+            enumerate(stage_param_counts(model, tp, pp, first, last))]
 
 
-def largest_param_numel(model: ModelSpec, tp: int, stage: int, pp: int,
-                        kv_replication: bool = False) -> int:
+def largest_param_numel(model: ModelSpec, tp: int, stage: int, pp: int) -> int:
     """Elements of the largest single tensor one tp rank holds on a stage (Megatron layout),
     the size of a whole-parameter gather or staging buffer."""
     candidates = [n for moe in block_kinds(model)
-                  for _, n in layer_tensors_per_rank(model, tp, moe, kv_replication)]
+                  for _, n in layer_tensors_per_rank(model, tp, moe)]
     vocab_matrix = vocab_rows_per_rank(model, tp) * model.hidden_size
     if stage == 0:
         candidates.append(vocab_matrix)

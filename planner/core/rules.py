@@ -89,23 +89,42 @@ class Rule:
 
 
 def _tp_widths(model: ModelSpec) -> list[tuple[str, int]]:
-    """Widths tp must divide (megatron/core/utils.py divide): heads, kv heads, the MLP width
-    (the expert width for MoE models, whose blocks are all MoE: planner.core.params.check_tp)."""
+    """Widths tp must divide (megatron/core/utils.py divide): heads, the fused QKV output
+    (ColumnParallelLinear over (a + 2 kv) x head_dim, also when tp is wider than the kv heads),
+    the MLP width (the expert width for MoE models, whose blocks are all MoE:
+    planner.core.params.check_tp). The kv heads themselves: `_kv_heads_ok`."""
     mlp = ("expert_ffn_hidden_size", model.expert_ffn_size) if model.is_moe else \
         ("ffn_hidden_size", model.ffn_hidden_size)
-    return [("num_heads", model.num_heads), ("num_kv_heads", model.kv_heads), mlp]
+    qkv = ("fused QKV width (num_heads + 2 num_kv_heads) x head_dim",
+           (model.num_heads + 2 * model.kv_heads) * model.head_size)
+    return [("num_heads", model.num_heads), mlp] + ([] if model.is_mla else [qkv])
+
+
+def _kv_heads_ok(model: ModelSpec, tp) -> np.ndarray:
+    """num_kv_heads a multiple or a divisor of tp (Megatron-LM transformer_config.py
+    `__post_init__`, commit d98e8a64: "num_query_groups must be a multiple or divisor of
+    tensor_model_parallel_size"); wider tp replicates each kv head tp / kv times
+    (attention.py `get_query_key_value_tensors`, params.kv_heads_per_rank). MLA: no kv groups."""
+    kv = model.kv_heads
+    return np.asarray(model.is_mla | (kv % tp == 0) | (tp % kv == 0))
 
 
 def _tp_divides(ctx: Context, c: LayoutColumns) -> np.ndarray:
     ok = np.ones(len(c), dtype=bool)
     for _, width in _tp_widths(ctx.model):
         ok &= width % c["tp"] == 0
-    return ok
+    return ok & _kv_heads_ok(ctx.model, c["tp"])
 
 
 def _tp_message(ctx: Context, r: dict[str, int]) -> str:
-    field, width = next((f, w) for f, w in _tp_widths(ctx.model) if w % r["tp"])
-    return f"tp={r['tp']} must divide {field}={width} of model {ctx.model.name}"
+    tp, model = r["tp"], ctx.model
+    broken = [(f, w) for f, w in _tp_widths(model) if w % tp]
+    if broken:
+        field, width = broken[0]
+        return f"tp={tp} must divide {field}={width} of model {model.name}"
+    return (f"tp={tp} and num_kv_heads={model.kv_heads} of model {model.name}: one must be a "
+            "multiple of the other (kv heads split over tp, or replicated when tp is wider; "
+            "Megatron-LM transformer_config.py)")
 
 
 def _most_layers(ctx: Context, pp):
@@ -184,6 +203,9 @@ def _world_message(x: Context, r: dict[str, int]) -> str:
             f"{x.cluster.num_gpus} ({x.cluster.num_nodes} nodes x {x.cluster.node.gpus_per_node})")
 
 
+TP_RULE_NAME = "tp must divide heads and the MLP width, and divide or be a multiple of the kv heads"
+"""Name of the tp rule (the sweep prints it; activations.check_tp checks it by name)."""
+
 A2A = 1
 """Code of cp_comm_type a2a (planner.core.columns.CP_COMM_TYPES)."""
 
@@ -248,7 +270,7 @@ RULES: tuple[Rule, ...] = LAYOUT_RULES + (
     Rule("tp*pp*dp must equal the GPUs", "layout", ("tp", "pp", "dp"),
          lambda x, c: c["tp"] * c.get("cp", 1) * c["pp"] * c["dp"] == x.cluster.num_gpus,
          _world_message),
-    Rule("tp must divide heads, kv heads and the MLP width", "tp", ("tp",),
+    Rule(TP_RULE_NAME, "tp", ("tp",),
          _tp_divides, _tp_message),
     Rule("pp*virtual_stages must not exceed the layers", "pp", ("pp", "virtual_stages"),
          lambda x, c: c["pp"] * c["virtual_stages"] <= x.model.num_layers,

@@ -8,8 +8,9 @@ express; this table is about the engines themselves.
 
 Versions read: Megatron-LM NVIDIA/Megatron-LM@d98e8a64 (megatron/training/arguments.py);
 DeepSpeed 0.19.8 (the installed package: deepspeed/runtime/pipe/engine.py, pipe/schedule.py) and
-its AutoTP training tutorial (deepspeed.ai/tutorials/autotp-training); torchtitan / FSDP2 (torch
-2.13 torch/distributed/fsdp/_fully_shard, CPUOffloadPolicy); accelerate 1.15.0
+its AutoTP training tutorial (deepspeed.ai/tutorials/autotp-training), module_inject/tp_shard.py;
+torchtitan / FSDP2 (torch 2.13 torch/distributed/fsdp/_fully_shard, CPUOffloadPolicy;
+pytorch/torchtitan@b5bcd76c models/common/decoder.py); transformers 5.23.0; accelerate 1.15.0
 (accelerate/parallelism_config.py, utils/dataclasses.py FullyShardedDataParallelPlugin).
 """
 
@@ -51,6 +52,13 @@ _DS = "DeepSpeed 0.19.8"
 _FSDP2 = "torch 2.13 torch/distributed/fsdp/_fully_shard/_fully_shard.py (fully_shard, CPUOffloadPolicy)"
 _ACCEL = "accelerate 1.15.0"
 
+
+def _tp_wider_than_kv(m: ModelSpec, l: Layout, p: PrecisionRecipe) -> bool:
+    """tp > num_kv_heads (standard attention): Megatron replicates the kv heads
+    (params.kv_heads_per_rank); the engines below do not."""
+    return not m.is_mla and l.tp > m.kv_heads
+
+
 RULES: tuple[EngineRule, ...] = (
     # ---------------------------------------------------------------- Megatron-LM
     EngineRule("megatron-lm", lambda m, l, p: l.offload_params != "none",
@@ -83,7 +91,16 @@ RULES: tuple[EngineRule, ...] = (
                "checkpoints whole layers (HF gradient checkpointing / deepspeed.checkpointing), "
                "not Megatron's selective attention recompute",
                f"{_DS} deepspeed/runtime/activation_checkpointing/checkpointing.py"),
+    EngineRule("deepspeed", _tp_wider_than_kv,
+               "AutoTP splits attention by whole kv heads, so with tp wider than num_kv_heads the "
+               "ranks past the kv heads get no attention heads (no replication)",
+               f"{_DS} deepspeed/module_inject/tp_shard.py get_shard_size: my_slices = "
+               "num_kv_heads // mp_size + (1 if rank < num_kv_heads % mp_size)"),
     # ---------------------------------------------------------------- FSDP2 / torchtitan
+    EngineRule("fsdp2", _tp_wider_than_kv,
+               "torchtitan's tensor parallelism needs tp to divide num_kv_heads",
+               "pytorch/torchtitan@b5bcd76c torchtitan/models/common/decoder.py: "
+               "'tensor_parallel_degree ({tp}) must divide n_kv_heads'"),
     EngineRule("fsdp2", lambda m, l, p: l.zero_stage == 1,
                "shards parameters, gradients and optimizer states together; no optimizer-only ZeRO-1",
                f"{_FSDP2}: reshard_after_forward True (ZeRO-3) or False (ZeRO-2); "
@@ -101,6 +118,11 @@ RULES: tuple[EngineRule, ...] = (
     EngineRule("fsdp2", lambda m, l, p: bool(l.tempo),
                "has no Tempo kernels", "torchtitan: no such option"),
     # ---------------------------------------------------------------- HF accelerate (FSDP2)
+    EngineRule("accelerate", _tp_wider_than_kv,
+               "transformers' tensor parallelism shards k_proj/v_proj colwise and needs tp to "
+               "divide num_kv_heads (no kv-head replication)",
+               "transformers 5.23.0 distributed/tensor_parallel.py get_kv_heads_per_rank: "
+               "None when heads % tp_size"),
     EngineRule("accelerate", lambda m, l, p: l.pp > 1,
                "has no pipeline parallelism with FSDP (ParallelismConfig: dp_replicate, dp_shard, "
                "tp, cp only)",

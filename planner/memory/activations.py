@@ -47,8 +47,7 @@ NEGLECTED_BY_SEED = ("norm1.stats", "norm2.stats")
 # --------------------------------------------------------------------------- helpers
 
 
-TP_RULES = ("tp must divide heads, kv heads and the MLP width",
-            "sequence parallel needs tp to divide seq_len")
+TP_RULES = (rules.TP_RULE_NAME, "sequence parallel needs tp to divide seq_len")
 
 
 def check_tp(model: ModelSpec, layout: Layout, seq_len: int) -> None:
@@ -111,6 +110,30 @@ def attention_saved_bytes(model: ModelSpec, layout: Layout, seq_len: int, micro_
     if model.dropout:
         out["attn.dropout_mask"] = rep * model.hidden_size * MASK_BYTES
     return out
+
+
+def replicated_kv_saved_bytes(model: ModelSpec, layout: Layout, seq_len: int, micro_batch: int,
+                              activation_bytes: int) -> dict[str, int]:
+    """K and V as the core attention saves them when tp is wider than the kv heads: ONE kv
+    head per rank (empty otherwise; these entries replace `attention_saved_bytes`' attn.k /
+    attn.v, whose kv / tp would be 0).
+
+    Megatron-LM attention.py `get_query_key_value_tensors` (commit d98e8a64): the QKV output
+    is all-gathered over tp (`all_gather_last_dim_from_tensor_parallel_region`, whose autograd
+    node saves nothing: backward is a reduce-scatter, tensor_parallel/mappings.py), the rank's
+    group slice "q.. k v" is cut out by views and the core attention is built with
+    num_query_groups = tp, so it receives a / tp query heads and one K and one V head. The
+    gathered buffer is not kept: K leaves the rotary embedding as a new tensor and V, a
+    strided view, does not match K's strides, so Transformer Engine's `get_qkv_layout`
+    answers "not_supported" and makes q, k, v contiguous copies before saving them
+    (transformer_engine/pytorch/attention/dot_product_attention/utils.py, TransformerEngine
+    commit d0067d0d). Without flash attention K and V are already at the query heads (the
+    unfused path repeats them), so nothing changes there."""
+    if model.is_mla or not layout.flash_attention or layout.tp <= model.kv_heads:
+        return {}
+    one_head = seq_len * micro_batch * params.kv_heads_per_rank(model, layout.tp) \
+        * model.head_size * activation_bytes
+    return {"attn.k": one_head, "attn.v": one_head}
 
 
 def _mlp_inner(prefix: str, model: ModelSpec, tokens: int, width: int, e: int) -> dict[str, int]:
@@ -230,6 +253,7 @@ def layer_saved_bytes(model: ModelSpec, layout: Layout, seq_len: int, micro_batc
     inventory = (
         _norm("norm1", model, rep, e)
         | attention_saved_bytes(model, layout, seq_len, micro_batch, e)
+        | replicated_kv_saved_bytes(model, layout, seq_len, micro_batch, e)
         | _norm("norm2", model, rep, e)
         | mlp_saved_bytes(model, layout, seq_len, micro_batch, e, moe)
     )
@@ -274,7 +298,8 @@ def selective_kept_bytes(model: ModelSpec, layout: Layout, seq_len: int, micro_b
     (tiny Llama, 4 heads, 2 kv heads: attn.k 32,768 B, not 65,536 B; docs/calibrate.md finding 1).
     """
     kept = {name: n for name, n in inventory.items() if name not in ATTENTION_CORE}
-    kv_bytes = seq_len * micro_batch * (model.kv_heads // layout.tp) * model.head_size * activation_bytes
+    kv_bytes = seq_len * micro_batch * params.kv_heads_per_rank(model, layout.tp) \
+        * model.head_size * activation_bytes
     kept["attn.k"] = kept["attn.v"] = kv_bytes
     return kept
 

@@ -29,6 +29,7 @@ qk_nope + qk_rope and v_head_dim), Q and the output of `num_heads / tp` heads.
 
 from __future__ import annotations
 
+from planner.core import params
 from planner.core.spec import Layout, ModelSpec
 
 FP32_BYTES = 4
@@ -42,7 +43,8 @@ def local_seq_len(seq_len: int, cp: int) -> int:
 
 def head_widths(model: ModelSpec, tp: int) -> tuple[int, int, int]:
     """(query + output width, key width, value width) of one tp rank, elements per token.
-    Standard attention: a/t heads of d for q and out, kv/t heads of d for k and v; MLA: one key
+    Standard attention: a/t heads of d for q and out, kv/t heads of d for k and v (one head
+    when tp is wider than the kv heads, params.kv_heads_per_rank); MLA: one key
     and value per query head, keys of qk_nope + qk_rope, values of v_head_dim."""
     if model.is_mla:
         heads = model.num_heads // tp
@@ -50,7 +52,8 @@ def head_widths(model: ModelSpec, tp: int) -> tuple[int, int, int]:
                 heads * (model.qk_nope_head_dim + model.qk_rope_head_dim),
                 heads * model.v_head_dim)
     d = model.head_size
-    return model.num_heads // tp * d, model.kv_heads // tp * d, model.kv_heads // tp * d
+    kv = params.kv_heads_per_rank(model, tp)
+    return model.num_heads // tp * d, kv * d, kv * d
 
 
 def kv_chunk_bytes(model: ModelSpec, tp: int, local_tokens: int, micro_batch: int,

@@ -189,10 +189,11 @@ def _ddp_minimum(model: ModelSpec, cluster: Cluster, setup: TrainSetup) -> Strat
 
 
 def _megatron_minimum(model: ModelSpec, cluster: Cluster, setup: TrainSetup) -> StrategyMinimum:
-    """Fewest GPUs over tp (within a node, dividing heads) x pp x dp with ZeRO-1 (004 §3.5.2)."""
+    """Fewest GPUs over tp (within a node, the rule table's tp rule) x pp x dp with ZeRO-1
+    (004 §3.5.2)."""
     best: Layout | None = None
-    per_node = cluster.node.gpus_per_node
-    tps = [t for t in range(1, per_node + 1) if model.num_heads % t == 0 and model.kv_heads % t == 0]
+    candidates = list(range(1, cluster.node.gpus_per_node + 1))
+    tps = [t for t, ok in zip(candidates, sweep._tp_ok(model, cluster, setup, candidates)) if ok]
     pps = [p for p in range(1, model.num_layers + 1) if model.num_layers % p == 0]
     for tp in tps:
         for pp in pps:

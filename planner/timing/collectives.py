@@ -179,3 +179,17 @@ def all_to_all_s(size_bytes, gpus_per_node, num_nodes, intra_bytes_per_s, intra_
 def send_recv_s(size_bytes, bytes_per_s, latency_s):
     """Point-to-point: one message of S bytes, one latency (pipeline stage boundaries)."""
     return alpha_beta_s(size_bytes, bytes_per_s, 1.0, latency_s)
+
+
+def qkv_gather_s(qkv_bytes, tp, kv_heads, passes, bytes_per_s, step_latency_s):
+    """The all-gather of the fused QKV output over the tp group when tp is wider than the kv
+    heads, one layer and one micro-batch: `passes` ring collectives over the S = `qkv_bytes`
+    array (s·b·(a + 2kv)·head_dim·bytes, the whole gathered output), each (tp-1)/tp·S on the
+    tp link in tp-1 steps; 0 where tp <= kv_heads. Megatron-LM attention.py
+    `get_query_key_value_tensors` (commit d98e8a64) calls
+    `all_gather_last_dim_from_tensor_parallel_region`, whose backward is the reduce-scatter of
+    the same array (tensor_parallel/mappings.py `_AllGatherFromTensorParallelRegion`), so a
+    layer pays one all-gather per forward pass (two under full recompute) and one
+    reduce-scatter in backward, the same ring time each."""
+    one = single_level_ring_s("all_gather", qkv_bytes, tp, bytes_per_s, step_latency_s)
+    return np.where(np.asarray(tp) > kv_heads, np.asarray(passes, dtype=float) * one, 0.0)

@@ -138,6 +138,8 @@ def cp_comm_s(model: ModelSpec, seq_len: int, cols, layers, peak_flops_per_s, ef
 
 
 def kv_bytes_column(model: ModelSpec, tp, local_tokens, micro_batch, activation_bytes):
-    """`kv_chunk_bytes` over columns (float64; exact per row below 2^53)."""
-    per_tp1 = kv_chunk_bytes(model, 1, 1, 1, activation_bytes)
-    return np.asarray(local_tokens, dtype=float) * micro_batch * per_tp1 / tp
+    """`kv_chunk_bytes` over columns (float64; exact per row below 2^53): kv / tp heads per
+    rank, one head when tp is wider than the kv heads (params.kv_heads_per_rank)."""
+    per_head = kv_chunk_bytes(model, 1, 1, 1, activation_bytes) // model.kv_heads
+    heads = np.maximum(model.kv_heads / np.asarray(tp, dtype=float), 1.0)
+    return np.asarray(local_tokens, dtype=float) * micro_batch * per_head * heads

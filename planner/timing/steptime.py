@@ -380,14 +380,20 @@ TARGET_CODE = {"none": 0, "cpu": 1, "nvme": 2}
 """Offload targets as integers for the vectorised path."""
 
 
-def model_parallel_comm_s(r: Rates, tp, pp, vs, m, layers, act_bytes, sp, tp_allreduces):
+def model_parallel_comm_s(r: Rates, tp, pp, vs, m, layers, act_bytes, sp, tp_allreduces,
+                          qkv_gather: tuple = (0.0, None)):
     """(TP, PP) communication per step. TP rides NVLink unless tp > GPUs per node (NIC share);
     pipeline neighbours share a node only in a one-node job. The pipeline send is one tp slice
-    plus an all-gather over the tp link (scatter/gather, `pp_comm_time_s`)."""
+    plus an all-gather over the tp link (scatter/gather, `pp_comm_time_s`). `qkv_gather`:
+    (QKV output bytes, kv heads) for the QKV all-gather of tp wider than the kv heads
+    (`collectives.qkv_gather_s`, one per pair of the layer's TP all-reduces), part of TP."""
     tp_in = tp <= r.gpus_per_node  # cross-node tp uses the NIC share
     tp_bw = np.where(tp_in, r.intra_bw, r.inter_bw_per_gpu)
     tp_lat = np.where(tp_in, r.intra_lat, r.inter_lat)
     tp_comm = tp_comm_time_s(layers, m, tp_allreduces, act_bytes, tp, tp_bw, tp_lat)
+    if qkv_gather[1] is not None:
+        tp_comm = tp_comm + m * layers * collectives.qkv_gather_s(
+            qkv_gather[0], tp, qkv_gather[1], np.asarray(tp_allreduces) // 2, tp_bw, tp_lat)
     pp_in = r.num_gpus <= r.gpus_per_node
     gather = np.where(sp, 0.0, ring_collective_s(act_bytes, tp, tp_bw, tp_lat, 1))
     pp_comm = pp_comm_time_s(pp, m, vs, act_bytes / tp,
@@ -431,6 +437,11 @@ class StageWork:
     stage_rows: object = None
     """Each row's index among the distinct (layers, stage_params) pairs, when the caller knows
     it (the sweep's (tp, pp) table rows); None: found by `state_terms`."""
+    qkv_bytes: object = 0.0
+    """One layer's fused QKV output, whole (s/cp·b·(a + 2kv)·head_dim·bytes): the array the
+    tp ranks all-gather when tp is wider than the kv heads (`collectives.qkv_gather_s`)."""
+    kv_heads: int | None = None
+    """The model's kv heads (None: no QKV all-gather, e.g. MLA, whose heads tp divides)."""
 
 
 @dataclass(frozen=True)
@@ -461,7 +472,7 @@ def compute_terms(r: Rates, cols: LayoutColumns, work: StageWork) -> dict:
     bwd_mb = (compute + recompute + memory) / m - fwd_mb
     tp_comm, pp_comm = model_parallel_comm_s(r, cols["tp"], cols["pp"], cols["virtual_stages"], m,
                                              layers, work.act_bytes, cols["sequence_parallel"],
-                                             work.tp_allreduces)
+                                             work.tp_allreduces, (work.qkv_bytes, work.kv_heads))
     bubble = bubble_time_s(cols["pp"], m, cols["virtual_stages"],
                            compute + recompute + memory + tp_comm + work.ep_comm_s
                            + work.cp_comm_s, work.fill_stages)
@@ -687,6 +698,8 @@ def step_columns(model: ModelSpec, cluster: Cluster, setup: TrainSetup, cols: La
         fwd_flops=per_mode("forward_flops") * per_gpu, bwd_flops=per_mode("backward_flops") * per_gpu,
         recompute_flops=per_mode("recompute_flops") * per_gpu,
         efficiency=eff, fill_stages=(model.num_layers - layers) / layers, stage_rows=stage_rows,
+        qkv_bytes=b * (tokens * float(params.qkv_width(model) * prec.activation_bytes)),
+        kv_heads=None if model.is_mla else model.kv_heads,
         ep_comm_s=expert.ep_comm_s(model, setup, cols, r),
         cp_comm_s=context.cp_comm_s(model, setup.seq_len, cols, layers, r.peak_flops_per_s, eff,
                                     prec.activation_bytes, r.gpus_per_node, r.intra_bw,
