@@ -272,6 +272,8 @@ def _depth(cfg) -> int:
 
 
 def _head_dim(cfg) -> int:
+    if getattr(cfg, "kv_lora_rank", None):  # MLA: query / key head width (DeepseekV3Attention)
+        return cfg.qk_nope_head_dim + cfg.qk_rope_head_dim
     d = getattr(cfg, "head_dim", None)
     if d:
         return d
@@ -292,11 +294,14 @@ class _Shape:
 
 _QKV = "attn.q+attn.k+attn.v"
 _NORMS = {"input_layernorm": "norm1", "ln_1": "norm1", "post_attention_layernorm": "norm2",
-          "ln_2": "norm2", "model.norm": "final_norm", "transformer.ln_f": "final_norm"}
+          "ln_2": "norm2", "model.norm": "final_norm", "transformer.ln_f": "final_norm",
+          "self_attn.q_a_layernorm": "attn.q_norm", "self_attn.kv_a_layernorm": "attn.kv_norm"}
 _LINEARS = {"q_proj": "attn.qkv_input", "k_proj": "attn.qkv_input", "v_proj": "attn.qkv_input",
             "c_attn": "attn.qkv_input", "o_proj": "attn.proj_input", "attn.c_proj": "attn.proj_input",
             "gate_proj": "mlp.fc1_input", "up_proj": "mlp.fc1_input", "c_fc": "mlp.fc1_input",
-            "down_proj": "mlp.fc2_input", "mlp.c_proj": "mlp.fc2_input", "lm_head": "head.input"}
+            "down_proj": "mlp.fc2_input", "mlp.c_proj": "mlp.fc2_input", "lm_head": "head.input",
+            "q_a_proj": "attn.qkv_input", "kv_a_proj_with_mqa": "attn.qkv_input",  # MLA
+            "q_b_proj": "attn.q_up_input", "kv_b_proj": "attn.kv_up_input"}
 _OPS = {"logsumexp": "attn.softmax_lse", "query": "attn.q", "key": "attn.k", "value": "attn.v",
         "output": "attn.proj_input", "rng_state": "attn.rng_state", "unused": "attn.rng_state",
         "philox_seed": "attn.rng_state", "philox_offset": "attn.rng_state", "log_sumexp": "attn.softmax_lse",
@@ -384,8 +389,9 @@ def _moe_class(rel: str, ops: set[str], t: torch.Tensor, shape: _Shape) -> str:
 def _attention_class(ops: set[str], t: torch.Tensor, shape: _Shape) -> str:
     s, d = shape.seq_len, shape.head_dim
     last2 = tuple(t.shape[-2:])
-    if not t.requires_grad and "MulBackward0.other" in ops and t.shape[-1] == d:
-        return "rotary.cos_sin"
+    if not t.requires_grad and "MulBackward0.other" in ops and (
+            t.shape[-1] == d or t.dim() == 4 and t.shape[:2] == (1, 1) and t.shape[-2] == s):
+        return "rotary.cos_sin"  # MLA: (1, 1, s, rope/2) slices of cos, sin (rope interleave)
     if "MulBackward0.other" in ops and last2 == (s, s):
         return "attn.softmax_dropout_mask"
     if "NativeDropoutBackward0.result1" in ops:

@@ -93,6 +93,12 @@ def linear_input_features(model: ModelSpec, layout: Layout) -> dict[str, int]:
     Megatron's output_layer is not a TE module) and everything that is not a linear input."""
     t, h = layout.tp, model.hidden_size
     out = {"attn.qkv_input": h, "attn.proj_input": model.num_heads * model.head_size // t}
+    if model.is_mla:  # MLA (activations.mla_attention_saved_bytes): the up projections' norm
+        # outputs are TE linear inputs too; the output projection reads a/t heads of v_head_dim
+        out["attn.proj_input"] = model.num_heads * model.v_head_dim // t
+        out["attn.kv_norm.output"] = model.kv_lora_rank or 0
+        if model.q_lora_rank is not None:
+            out["attn.q_norm.output"] = model.q_lora_rank
     if model.is_moe:
         out["moe.expert_input"] = h
         out["moe.expert.fc2_input"] = model.expert_ffn_size // t
