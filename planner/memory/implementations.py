@@ -454,9 +454,10 @@ def model_saved_bytes(model: ModelSpec, impl: Implementation, seq_len: int, micr
         raise PlanInputError("implementation", "megatron's per-stage extras live in "
                              "activations.stage_activations; model_saved_bytes covers hf-*")
     n = model.num_layers if num_layers is None else num_layers
+    kinds = [model.layer_is_moe(i) for i in range(n)]  # dense / MoE (first_dense_layers, moe_layer_step)
     blocks = {moe: sum(block_saved_bytes(model, impl, seq_len, micro_batch, moe=moe).values())
-              for moe in (False, True)}  # dense and MoE blocks (first_dense_layers, moe_layer_step)
-    return (sum(blocks[model.layer_is_moe(i)] for i in range(n))
+              for moe in set(kinds)}
+    return (sum(blocks[moe] for moe in kinds)
             + sum(hf_outside_saved_bytes(model, impl, seq_len, micro_batch).values()))
 
 
