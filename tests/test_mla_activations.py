@@ -168,3 +168,43 @@ def test_megatron_mla_selective_drops_only_the_core():
     assert "attn.softmax_lse" not in kept
     assert kept["attn.k"] == s * 16 * 192 * 2 and kept["attn.v"] == s * 16 * 128 * 2
     assert sum(inv.values()) - sum(kept.values()) == 16 * s * 4
+
+
+def test_hf_deepseek_v3_moe_block_fp32_by_hand():
+    """Layer 1: DeepseekV3MoE, E = 4 experts, top-2 (K = 32 routed copies), n_group = topk_group
+    = 1, expert width 8, one shared expert of width 8; the block runs in fp32."""
+    moe = {
+        "mlp.fc1_input": T * 16 * 4,              # router input (no fp32 copy in fp32), shared by the shared expert
+        "moe.router_probs": T * 4 * 4,            # sigmoid output (T, E)
+        "moe.group_topk_indices": T * 1 * 2 * 8 + T * 1 * 8,  # topk(2) per group, then topk_group
+        "moe.group_mask": T * 4,                  # bool (T, E) of masked_fill
+        "moe.topk_indices": T * 2 * 8,            # final topk = gather index
+        "moe.topk_values": T * 2 * 4, "moe.topk_sum": T * 4,   # in-place renormalisation
+        "moe.routing_weights": 32 * 4,            # (K, 1) after routed_scaling_factor
+        "moe.indices": 3 * 32 * 8, "moe.offsets": 4 * 4,
+        "moe.expert_input": 32 * 16 * 4, "moe.expert.gate_up_output": 32 * 16 * 4,
+        "moe.expert.act_output": 32 * 8 * 4, "moe.expert.fc2_input": 32 * 8 * 4,
+        "moe.expert_output": 32 * 16 * 4,
+        "moe.shared.act_input": T * 8 * 4, "moe.shared.act_output": T * 8 * 4,
+        "moe.shared.up_output": T * 8 * 4, "moe.shared.fc2_input": T * 8 * 4,
+    }
+    assert sum(moe.values()) == 2304 + 784 + 8192 + 2048 == 13328
+    got = _measure(MLA, "eager", "fp32")
+    assert {k: v for k, v in got.block(1).items() if k.startswith(("moe", "mlp"))} == moe
+    assert sum(got.block(1).values()) == 2 * 2112 + 13184 + 13328 == 30736
+    impl = _impl("hf-eager", "fp32").model_copy(update={"router_groups": 1, "router_topk_groups": 1})
+    assert impls.block_saved_bytes(_spec(MLA), impl, S, B, moe=True) == got.block(1)
+    # the whole forward: dense block + MoE block + outside, to the byte
+    assert impls.model_saved_bytes(_spec(MLA), impl, S, B) == got.total_bytes() == 24576 + 30736 + 5572
+
+
+def test_hf_deepseek_v3_moe_block_bf16_router_copies_by_hand():
+    """bf16 weights: the router casts its input (T, h) and its weight (E, h) to fp32; the shared
+    expert reads the bf16 input (one more storage); the router tensors stay fp32."""
+    got = _measure(MLA, "eager", "bf16").block(1)
+    assert got["mlp.fc1_input"] == T * 16 * 4 + T * 16 * 2 == 1536
+    assert got["moe.router_weight_cast"] == 4 * 16 * 4 == 256
+    assert got["moe.router_probs"] == T * 4 * 4 and got["moe.routing_weights"] == 32 * 4
+    assert got["moe.expert_input"] == 32 * 16 * 2
+    impl = _impl("hf-eager", "bf16").model_copy(update={"router_groups": 1, "router_topk_groups": 1})
+    assert impls.block_saved_bytes(_spec(MLA), impl, S, B, moe=True) == got

@@ -319,6 +319,8 @@ def classify(module: str, ops: set[str], t: torch.Tensor, shape: _Shape) -> tupl
     rel = module[m.end():] if m else module
     if any(".mat2" in o for o in ops if o.startswith(("MmBackward0", "AddmmBackward0"))) and t.dim() == 2 \
             and not any("Bmm" in o for o in ops):
+        if rel == "mlp.gate" and t.dtype == torch.float32:  # DeepSeek-V3: weight.type(float32)
+            return layer, "moe.router_weight_cast"
         return layer, "autocast.head_weight_cast" if module == "lm_head" else "autocast.weight_casts"
     fused = {o.split(".")[-1] for o in ops if "ScaledDotProduct" in o}
     if {"query", "key", "value"} <= fused:  # GPT-2: q, k, v are views of the c_attn output
@@ -328,6 +330,8 @@ def classify(module: str, ops: set[str], t: torch.Tensor, shape: _Shape) -> tupl
             return layer, _OPS.get(o.split(".")[-1], "attn.other")
     if rel.startswith(("mlp.gate", "block_sparse_moe.gate", "mlp.experts", "block_sparse_moe.experts")):
         return layer, _moe_class(rel, ops, t, shape)
+    if rel.startswith("mlp.shared_experts"):  # DeepseekV3MoE's shared experts (a DeepseekV3MLP)
+        return layer, _shared_class(rel, ops)
     if any(o.startswith("EmbeddingBackward0") for o in ops):
         return None, "embedding.position_ids" if module.endswith("wpe") else "embedding.token_ids"
     for o in sorted(ops):
@@ -370,11 +374,14 @@ _MOE_OPS = {"MmBackward0.self": "mlp.fc1_input", "SoftmaxBackward0.result": "moe
             "TopkBackward0.indices": "moe.topk_indices", "DivBackward0.other": "moe.topk_sum",
             "DivBackward0.self": "moe.topk_values", "IndexBackward0.indices": "moe.indices",
             "GroupedMmBackward0.offs": "moe.offsets", "SiluBackward0.self": "moe.expert.gate_up_output",
-            "MulBackward0.other": "moe.routing_weights"}
+            "MulBackward0.other": "moe.routing_weights",
+            "SigmoidBackward0.result": "moe.router_probs", "GatherBackward0.index": "moe.topk_indices"}
 
 
 def _moe_class(rel: str, ops: set[str], t: torch.Tensor, shape: _Shape) -> str:
     """Router (`mlp.gate`) and grouped-mm experts (`mlp.experts`) of a transformers MoE block."""
+    if rel == "mlp.gate" and not ops:  # DeepSeek-V3's group-limited routing (no node attribute)
+        return "moe.group_mask" if t.dtype == torch.bool else "moe.group_topk_indices"
     for o, name in _MOE_OPS.items():  # in this order: SiLU's input before the product's operand
         if o in ops:
             return name
@@ -384,6 +391,19 @@ def _moe_class(rel: str, ops: set[str], t: torch.Tensor, shape: _Shape) -> str:
     if "MulBackward0.self" in ops:
         return "moe.expert_output" if wide else "moe.expert.act_output"
     return "moe.other:" + "+".join(sorted(ops))
+
+
+def _shared_class(rel: str, ops: set[str]) -> str:
+    leaf = rel.split(".")[-1]
+    if leaf in ("gate_proj", "up_proj"):
+        return "mlp.fc1_input"
+    if leaf == "down_proj":
+        return "moe.shared.fc2_input"
+    if leaf == "act_fn":
+        return "moe.shared.act_input"
+    if "MulBackward0.self" in ops:
+        return "moe.shared.act_output"
+    return "moe.shared.up_output" if "MulBackward0.other" in ops else "moe.shared.other:" + "+".join(sorted(ops))
 
 
 def _attention_class(ops: set[str], t: torch.Tensor, shape: _Shape) -> str:

@@ -24,6 +24,8 @@ from typing import Literal
 
 import numpy as np
 
+from pydantic import Field
+
 from planner.core.errors import PlanInputError
 from planner.core.spec import Frozen, Layout, ModelSpec, PrecisionRecipe, TrainSetup
 from planner.memory import activations
@@ -68,6 +70,11 @@ class Implementation(Frozen):
     attention_dropout: bool | None = None
     """Dropout on the attention probabilities (GPT-2 `attn_pdrop`, Llama `attention_dropout`);
     None: the model's `dropout` flag (which also covers residual and embedding dropout)."""
+
+    router_groups: int = Field(default=8, gt=0)
+    """DeepSeek-V3 router (MLA MoE models): expert groups `n_group` (DeepSeek-V3 config.json: 8)."""
+    router_topk_groups: int = Field(default=4, gt=0)
+    """DeepSeek-V3 router: groups kept per token `topk_group` (DeepSeek-V3 config.json: 4)."""
 
     def attn_dropout(self, model: ModelSpec) -> bool:
         return model.dropout if self.attention_dropout is None else self.attention_dropout
@@ -319,12 +326,16 @@ def hf_moe_saved_bytes(model: ModelSpec, impl: Implementation, seq_len: int,
     tokens = seq_len * micro_batch
     k, experts, f, h = model.experts_per_token, model.num_experts, model.expert_ffn_size, model.hidden_size
     routed = k * tokens
-    return {
-        "mlp.fc1_input": tokens * h * c,
-        "moe.router_probs": tokens * experts * FP32_BYTES,
-        "moe.topk_indices": tokens * k * INDEX_BYTES,
-        "moe.topk_values": tokens * k * FP32_BYTES,
-        "moe.topk_sum": tokens * FP32_BYTES,
+    if model.is_mla:
+        router = deepseek_v3_router_saved_bytes(model, impl, tokens)
+    else:
+        router = {"mlp.fc1_input": tokens * h * c,
+                  "moe.router_probs": tokens * experts * FP32_BYTES,
+                  "moe.topk_indices": tokens * k * INDEX_BYTES,
+                  "moe.topk_values": tokens * k * FP32_BYTES,
+                  "moe.topk_sum": tokens * FP32_BYTES,
+                  "moe.routing_weights": routed * FP32_BYTES}
+    return router | {
         "moe.indices": 3 * routed * INDEX_BYTES,
         "moe.offsets": experts * 4,
         "moe.expert_input": routed * h * x,
@@ -332,8 +343,44 @@ def hf_moe_saved_bytes(model: ModelSpec, impl: Implementation, seq_len: int,
         "moe.expert.act_output": routed * f * x,
         "moe.expert.fc2_input": routed * f * x,
         "moe.expert_output": routed * h * x,
-        "moe.routing_weights": routed * FP32_BYTES,
     }
+
+
+def deepseek_v3_router_saved_bytes(model: ModelSpec, impl: Implementation, tokens) -> dict[str, int]:
+    """DeepseekV3TopkRouter and the shared experts of DeepseekV3MoE (models/deepseek_v3/
+    modeling_deepseek_v3.py, transformers 5.23.0), T = `tokens`, E experts, G = n_group groups.
+
+    The router computes in `r` = fp32 (`F.linear(x.type(float32), weight.type(float32))`; under
+    autocast the linear runs in 16 bits, so r = 16 bits): the linear keeps its fp32 input (no copy
+    when the block runs fp32, the one storage the shared experts read too) and, with 16-bit
+    weights, the fp32 copy of its weight E x h; sigmoid keeps its output (T, E) (also gather's
+    source); topk(2) per group keeps int64 (T, G, 2), the group topk int64 (T, topk_group),
+    masked_fill its bool mask (T, E), the final topk / gather int64 (T, k); the in-place `/=`
+    the top-k weights (T, k) and their sum (T, 1); `* routed_scaling_factor` makes the routing
+    weights (T·k, 1) the experts multiply by. Shared experts: a DeepseekV3MLP of width
+    n_shared·f_moe (SiLU input, SiLU output, up output, down input) whose gate and up linears read
+    the block input (one more 16-bit storage in bf16, two casts under autocast).
+    """
+    resid, c = dtype_bytes(impl)
+    auto = _autocast(impl)
+    r = c if auto else FP32_BYTES
+    h, e, k = model.hidden_size, model.num_experts, model.experts_per_token
+    g, fs = impl.router_groups, model.num_shared_experts * model.expert_ffn_size
+    shared_inputs = 2 if auto else (0 if resid == FP32_BYTES else 1)  # beyond the router's input
+    out = {"mlp.fc1_input": tokens * h * (c if auto else FP32_BYTES) + shared_inputs * tokens * h * c}
+    if not auto and resid != FP32_BYTES:
+        out["moe.router_weight_cast"] = e * h * FP32_BYTES
+    out |= {"moe.router_probs": tokens * e * r,
+            "moe.group_topk_indices": tokens * g * 2 * INDEX_BYTES + tokens * impl.router_topk_groups * INDEX_BYTES,
+            "moe.group_mask": tokens * e,
+            "moe.topk_indices": tokens * k * INDEX_BYTES,
+            "moe.topk_values": tokens * k * r, "moe.topk_sum": tokens * r,
+            "moe.routing_weights": k * tokens * r}
+    if fs:
+        n = tokens * fs * c
+        out |= {"moe.shared.act_input": n, "moe.shared.act_output": n, "moe.shared.up_output": n,
+                "moe.shared.fc2_input": n}
+    return out
 
 
 def attention_linear_weights(model: ModelSpec) -> int:
@@ -356,7 +403,8 @@ def block_linear_weights(model: ModelSpec, moe: bool | None = None) -> int:
     h = model.hidden_size
     attn = attention_linear_weights(model)
     if model.is_moe if moe is None else moe:  # the router linear; the experts' grouped_mm is not autocast
-        return attn + h * model.num_experts
+        shared = 3 * h * model.num_shared_experts * model.expert_ffn_size if model.is_mla else 0
+        return attn + h * model.num_experts + shared  # DeepSeek-V3: + the shared experts' MLP
     mats = 3 if model.mlp == "swiglu" else 2
     return attn + mats * h * model.ffn_hidden_size
 
