@@ -127,7 +127,7 @@ def row(name: str, config: dict, attention: str, precision: str, device: str, se
                 f"{100 * (total / measured_total - 1):+.2f}"]
     except PlanInputError as err:
         pred = ["not modelled", "", "", f"({err.message[:40]})"]
-    where = f"{device}, {got.num_layers} L, s={seq}, b={batch}" + (", full recompute" if recompute == "full" else "")
+    where = f"{device}, {got.num_layers} L, s={seq}, b={batch}" + (", full recompute‡" if recompute == "full" else "")
     return [name, where, attention, precision,
             f"{measured_block:,}", *pred[:2], f"{measured_total:,}", *pred[2:],
             _megatron_error(spec, attention, precision, seq, batch, measured_block),
@@ -149,6 +149,12 @@ def table(rows: list[list[str]]) -> str:
     lines.append("")
     lines.append("\\* CPU SDPA runs `aten._scaled_dot_product_flash_attention_for_cpu`, which "
                  "torch.utils.flop_counter has no formula for: the measured FLOPs leave out QKᵀ and PV.")
+    lines.append("‡ full recompute (HF gradient checkpointing): the blocks' cos and sin are no longer recorded by the "
+                 "saved-tensor hooks (they reach the checkpointed blocks as arguments, held by the checkpoint rather "
+                 "than saved by an autograd node; our reading, not traced further), so the measured forward lacks "
+                 "`rotary.cos_sin` (2·s·qk_rope·resid bytes: 16,384 B in fp32) that the prediction keeps: the "
+                 "+0.9 to +1.4 % of those rows. Their \"megatron inventory err %\" compares with the no-recompute "
+                 "inventory.")
     lines.append("† transformers runs Mixtral's experts with `torch._grouped_mm`, which flop_counter "
                  "(torch 2.13) does not count: the measured FLOPs leave out the experts.")
     return "\n".join(lines)
