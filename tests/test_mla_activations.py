@@ -208,3 +208,16 @@ def test_hf_deepseek_v3_moe_block_bf16_router_copies_by_hand():
     assert got["moe.expert_input"] == 32 * 16 * 2
     impl = _impl("hf-eager", "bf16").model_copy(update={"router_groups": 1, "router_topk_groups": 1})
     assert impls.block_saved_bytes(_spec(MLA), impl, S, B, moe=True) == got
+
+
+def test_hf_eager_micro_batch_one_keeps_the_value_view_by_hand():
+    """b = 1: the value view (1, a, s, dv) of kv_b's output folds into bmm's (a, s, dv) without a
+    copy, so the matmul keeps kv_b's whole output T·a·(qk_nope + dv)·4 = 8·4·9·4 = 1152 B
+    (with b = 2 it copied T·a·dv·4)."""
+    pytest.importorskip("transformers")
+    from planner.calibrate import hf_models
+    model = hf_models.build_model(MLA, "eager", "fp32")
+    got = hf_models.measure(model, S, 1, "fp32", flops=False).block(0)
+    assert got["attn.v"] == 8 * 4 * (4 + 5) * 4 == 1152
+    assert got["attn.proj_input"] == 8 * 4 * 5 * 4
+    assert impls.block_saved_bytes(_spec(MLA), _impl("hf-eager", "fp32"), S, 1, moe=False) == got

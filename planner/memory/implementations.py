@@ -211,8 +211,8 @@ def hf_mla_attention_saved_bytes(model: ModelSpec, impl: Implementation, seq_len
     kv_b_proj keeps its input (T, r_kv). Rope multiplies views by cos and sin (kept once for the
     model, `hf_outside_saved_bytes`); `torch.cat` builds the query, `expand_kv` a new key, both
     (b, a, s, dq); value is a view of kv_b_proj's output (b, s, a, qk_nope + dv).
-    eager: the two matmuls keep q and k, the fp32 softmax (and its cast to c), and a contiguous
-    copy of v (b·a, s, dv). sdpa (CPU flash kernel, dq = dv only): q, k, the value view (its whole
+    eager: the two matmuls keep q and k, the fp32 softmax (and its cast to c), and v: a
+    contiguous copy (b·a, s, dv) when b > 1, the view itself (kv_b's whole output) when b = 1. sdpa (CPU flash kernel, dq = dv only): q, k, the value view (its whole
     storage, T·a·(qk_nope + dv)), out and the fp32 log-sum-exp. o_proj keeps (T, a·dv) (under
     sdpa a second copy, measured).
     """
@@ -243,7 +243,9 @@ def hf_mla_attention_saved_bytes(model: ModelSpec, impl: Implementation, seq_len
         out["attn.softmax_output"] = T * a * s * FP32_BYTES
         if c != FP32_BYTES:
             out["attn.softmax_cast"] = T * a * s * c
-        out["attn.v"] = T * a * dv * c
+        # the value view (b, a, s, dv) of kv_b's output folds into bmm's (b·a, s, dv) without a copy
+        # only when b = 1 (then bmm keeps the view: kv_b's whole output); b > 1 copies it
+        out["attn.v"] = T * a * (dv + (micro_batch == 1) * model.qk_nope_head_dim) * c
     # sdpa: the kernel's output and o_proj's input are two storages here (measured on CPU,
     # tiny DeepSeek-V3, bf16/fp32/autocast; unlike Llama, where they are one); cause not traced
     out["attn.proj_input"] = (2 if impl.name == "hf-sdpa" else 1) * T * a * dv * c
