@@ -221,3 +221,18 @@ def test_hf_eager_micro_batch_one_keeps_the_value_view_by_hand():
     assert got["attn.v"] == 8 * 4 * (4 + 5) * 4 == 1152
     assert got["attn.proj_input"] == 8 * 4 * 5 * 4
     assert impls.block_saved_bytes(_spec(MLA), _impl("hf-eager", "fp32"), S, 1, moe=False) == got
+
+
+def test_megatron_mla_fp8_linear_inputs_by_hand():
+    """te-fp8 per-tensor (1 byte per element + one 4-byte fp32 scale per saved input), DeepSeek-V3,
+    s = 4096, b = 1, tp = 1: the two down projections each keep an fp8 copy of the norm output
+    (h = 7168 columns), the up projections their latent norm outputs (r_q 1536, r_kv 512 columns),
+    linear_proj its input a·dv = 16,384 columns; q, k, v stay bf16 (flash)."""
+    m = load_model("deepseek-v3")
+    s = 4096
+    inv = activations.layer_saved_bytes(m, Layout(), s, 1, 2, fp8_scaling="per-tensor", moe=False)
+    assert inv["attn.qkv_input"] == 2 * (s * 7168 + 4)
+    assert inv["attn.q_norm.output"] == s * 1536 + 4 and inv["attn.kv_norm.output"] == s * 512 + 4
+    assert inv["attn.proj_input"] == s * 128 * 128 + 4
+    assert inv["attn.core_output"] == s * 128 * 128 * 2       # the flash output, bf16
+    assert inv["attn.q"] == s * 128 * 192 * 2 and inv["attn.q_norm.input"] == s * 1536 * 2

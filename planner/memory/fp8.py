@@ -130,6 +130,11 @@ def fp8_inventory(model: ModelSpec, layout: Layout, inventory: dict[str, int],
         if name in out:
             rows = out[name] // (activation_bytes * cols)
             out[name] = fp8_saved_input_bytes(rows, cols, scaling)
+    if model.is_mla and "attn.qkv_input" in out:
+        # MLA: linear_kv_down_proj and linear_q_down_proj (or linear_q_proj) are two TE linears
+        # reading the same bf16 tensor; each quantizes and saves its own fp8 copy (the unfused
+        # MLA spec, Megatron-LM multi_latent_attention.py at d98e8a64)
+        out["attn.qkv_input"] *= 2
     if layout.flash_attention and "attn.proj_input" in inventory:
         out[CORE_OUTPUT] = inventory["attn.proj_input"]
     return out
