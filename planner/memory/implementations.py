@@ -212,7 +212,8 @@ def hf_mla_attention_saved_bytes(model: ModelSpec, impl: Implementation, seq_len
     model, `hf_outside_saved_bytes`); `torch.cat` builds the query, `expand_kv` a new key, both
     (b, a, s, dq); value is a view of kv_b_proj's output (b, s, a, qk_nope + dv).
     eager: the two matmuls keep q and k, the fp32 softmax (and its cast to c), and v: a
-    contiguous copy (b·a, s, dv) when b > 1, the view itself (kv_b's whole output) when b = 1. sdpa (CPU flash kernel, dq = dv only): q, k, the value view (its whole
+    contiguous copy (b·a, s, dv) when b > 1, the view itself (kv_b's whole output) when b = 1.
+    sdpa (CPU flash kernel, dq = dv only): q, k, the value view (its whole
     storage, T·a·(qk_nope + dv)), out and the fp32 log-sum-exp. o_proj keeps (T, a·dv) (under
     sdpa a second copy, measured).
     """
@@ -373,7 +374,7 @@ def deepseek_v3_router_saved_bytes(model: ModelSpec, impl: Implementation, token
     if not auto and resid != FP32_BYTES:
         out["moe.router_weight_cast"] = e * h * FP32_BYTES
     out |= {"moe.router_probs": tokens * e * r,
-            "moe.group_topk_indices": tokens * g * 2 * INDEX_BYTES + tokens * impl.router_topk_groups * INDEX_BYTES,
+            "moe.group_topk_indices": (g * 2 + impl.router_topk_groups) * tokens * INDEX_BYTES,
             "moe.group_mask": tokens * e,
             "moe.topk_indices": tokens * k * INDEX_BYTES,
             "moe.topk_values": tokens * k * r, "moe.topk_sum": tokens * r,
