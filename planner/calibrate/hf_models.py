@@ -272,6 +272,8 @@ def _depth(cfg) -> int:
 
 
 def _head_dim(cfg) -> int:
+    if getattr(cfg, "kv_lora_rank", None):  # MLA: query / key head width (DeepseekV3Attention)
+        return cfg.qk_nope_head_dim + cfg.qk_rope_head_dim
     d = getattr(cfg, "head_dim", None)
     if d:
         return d
@@ -292,11 +294,14 @@ class _Shape:
 
 _QKV = "attn.q+attn.k+attn.v"
 _NORMS = {"input_layernorm": "norm1", "ln_1": "norm1", "post_attention_layernorm": "norm2",
-          "ln_2": "norm2", "model.norm": "final_norm", "transformer.ln_f": "final_norm"}
+          "ln_2": "norm2", "model.norm": "final_norm", "transformer.ln_f": "final_norm",
+          "self_attn.q_a_layernorm": "attn.q_norm", "self_attn.kv_a_layernorm": "attn.kv_norm"}
 _LINEARS = {"q_proj": "attn.qkv_input", "k_proj": "attn.qkv_input", "v_proj": "attn.qkv_input",
             "c_attn": "attn.qkv_input", "o_proj": "attn.proj_input", "attn.c_proj": "attn.proj_input",
             "gate_proj": "mlp.fc1_input", "up_proj": "mlp.fc1_input", "c_fc": "mlp.fc1_input",
-            "down_proj": "mlp.fc2_input", "mlp.c_proj": "mlp.fc2_input", "lm_head": "head.input"}
+            "down_proj": "mlp.fc2_input", "mlp.c_proj": "mlp.fc2_input", "lm_head": "head.input",
+            "q_a_proj": "attn.qkv_input", "kv_a_proj_with_mqa": "attn.qkv_input",  # MLA
+            "q_b_proj": "attn.q_up_input", "kv_b_proj": "attn.kv_up_input"}
 _OPS = {"logsumexp": "attn.softmax_lse", "query": "attn.q", "key": "attn.k", "value": "attn.v",
         "output": "attn.proj_input", "rng_state": "attn.rng_state", "unused": "attn.rng_state",
         "philox_seed": "attn.rng_state", "philox_offset": "attn.rng_state", "log_sumexp": "attn.softmax_lse",
@@ -314,6 +319,8 @@ def classify(module: str, ops: set[str], t: torch.Tensor, shape: _Shape) -> tupl
     rel = module[m.end():] if m else module
     if any(".mat2" in o for o in ops if o.startswith(("MmBackward0", "AddmmBackward0"))) and t.dim() == 2 \
             and not any("Bmm" in o for o in ops):
+        if rel == "mlp.gate" and t.dtype == torch.float32:  # DeepSeek-V3: weight.type(float32)
+            return layer, "moe.router_weight_cast"
         return layer, "autocast.head_weight_cast" if module == "lm_head" else "autocast.weight_casts"
     fused = {o.split(".")[-1] for o in ops if "ScaledDotProduct" in o}
     if {"query", "key", "value"} <= fused:  # GPT-2: q, k, v are views of the c_attn output
@@ -323,6 +330,8 @@ def classify(module: str, ops: set[str], t: torch.Tensor, shape: _Shape) -> tupl
             return layer, _OPS.get(o.split(".")[-1], "attn.other")
     if rel.startswith(("mlp.gate", "block_sparse_moe.gate", "mlp.experts", "block_sparse_moe.experts")):
         return layer, _moe_class(rel, ops, t, shape)
+    if rel.startswith("mlp.shared_experts"):  # DeepseekV3MoE's shared experts (a DeepseekV3MLP)
+        return layer, _shared_class(rel, ops)
     if any(o.startswith("EmbeddingBackward0") for o in ops):
         return None, "embedding.position_ids" if module.endswith("wpe") else "embedding.token_ids"
     for o in sorted(ops):
@@ -365,11 +374,14 @@ _MOE_OPS = {"MmBackward0.self": "mlp.fc1_input", "SoftmaxBackward0.result": "moe
             "TopkBackward0.indices": "moe.topk_indices", "DivBackward0.other": "moe.topk_sum",
             "DivBackward0.self": "moe.topk_values", "IndexBackward0.indices": "moe.indices",
             "GroupedMmBackward0.offs": "moe.offsets", "SiluBackward0.self": "moe.expert.gate_up_output",
-            "MulBackward0.other": "moe.routing_weights"}
+            "MulBackward0.other": "moe.routing_weights",
+            "SigmoidBackward0.result": "moe.router_probs", "GatherBackward0.index": "moe.topk_indices"}
 
 
 def _moe_class(rel: str, ops: set[str], t: torch.Tensor, shape: _Shape) -> str:
     """Router (`mlp.gate`) and grouped-mm experts (`mlp.experts`) of a transformers MoE block."""
+    if rel == "mlp.gate" and not ops:  # DeepSeek-V3's group-limited routing (no node attribute)
+        return "moe.group_mask" if t.dtype == torch.bool else "moe.group_topk_indices"
     for o, name in _MOE_OPS.items():  # in this order: SiLU's input before the product's operand
         if o in ops:
             return name
@@ -381,11 +393,25 @@ def _moe_class(rel: str, ops: set[str], t: torch.Tensor, shape: _Shape) -> str:
     return "moe.other:" + "+".join(sorted(ops))
 
 
+def _shared_class(rel: str, ops: set[str]) -> str:
+    leaf = rel.split(".")[-1]
+    if leaf in ("gate_proj", "up_proj"):
+        return "mlp.fc1_input"
+    if leaf == "down_proj":
+        return "moe.shared.fc2_input"
+    if leaf == "act_fn":
+        return "moe.shared.act_input"
+    if "MulBackward0.self" in ops:
+        return "moe.shared.act_output"
+    return "moe.shared.up_output" if "MulBackward0.other" in ops else "moe.shared.other:" + "+".join(sorted(ops))
+
+
 def _attention_class(ops: set[str], t: torch.Tensor, shape: _Shape) -> str:
     s, d = shape.seq_len, shape.head_dim
     last2 = tuple(t.shape[-2:])
-    if not t.requires_grad and "MulBackward0.other" in ops and t.shape[-1] == d:
-        return "rotary.cos_sin"
+    if not t.requires_grad and "MulBackward0.other" in ops and (
+            t.shape[-1] == d or t.dim() == 4 and t.shape[:2] == (1, 1) and t.shape[-2] == s):
+        return "rotary.cos_sin"  # MLA: (1, 1, s, rope/2) slices of cos, sin (rope interleave)
     if "MulBackward0.other" in ops and last2 == (s, s):
         return "attn.softmax_dropout_mask"
     if "NativeDropoutBackward0.result1" in ops:

@@ -24,14 +24,17 @@ def implementation_for(config: dict, attention: str, precision: str, device: str
                        sdpa_backend: str = "flash") -> impls.Implementation:
     """The inventory of a transformers model run with `attention` (eager, sdpa) on `device`
     (cpu: CPU kernels; meta or cuda: CUDA kernels). Defaults as in the configuration classes:
-    GPT-2 `activation_function="gelu_new"`, `attn_pdrop=0.1`; Llama family `attention_dropout=0`."""
+    GPT-2 `activation_function="gelu_new"`, `attn_pdrop=0.1`; Llama family `attention_dropout=0`;
+    DeepSeek-V3 router groups from `n_group` / `topk_group` (1 when absent)."""
     gpt2 = config.get("model_type") == "gpt2"
     act = config.get("activation_function", "gelu_new") if gpt2 else config.get("hidden_act", "silu")
     p = config.get("attn_pdrop", 0.1) if gpt2 else config.get("attention_dropout", 0.0)
     return impls.Implementation(name="hf-eager" if attention == "eager" else "hf-sdpa", precision=precision,
                                 device="cpu" if device == "cpu" else "cuda",
                                 composite_gelu=act == "gelu_new", attention_dropout=bool(p),
-                                sdpa_backend=sdpa_backend)
+                                sdpa_backend=sdpa_backend,
+                                router_groups=config.get("n_group") or 1,  # DeepSeek-V3's router
+                                router_topk_groups=config.get("topk_group") or 1)
 
 
 def measure_row(config: dict, attention: str, precision: str, seq_len: int, micro_batch: int,

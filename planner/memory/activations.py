@@ -89,6 +89,8 @@ def attention_saved_bytes(model: ModelSpec, layout: Layout, seq_len: int, micro_
     `ctx.save_for_backward(q, k, v, out_padded, softmax_lse, rng_state)`); `out` is the same
     storage as the projection input, counted once.
     """
+    if model.is_mla:
+        return mla_attention_saved_bytes(model, layout, seq_len, micro_batch, activation_bytes)
     e, b, s, d = activation_bytes, micro_batch, seq_len, model.head_size
     heads = model.num_heads // layout.tp           # query heads on this rank
     kv = model.kv_heads // layout.tp if layout.flash_attention else heads  # K/V heads as saved
@@ -134,6 +136,66 @@ def replicated_kv_saved_bytes(model: ModelSpec, layout: Layout, seq_len: int, mi
     one_head = seq_len * micro_batch * params.kv_heads_per_rank(model, layout.tp) \
         * model.head_size * activation_bytes
     return {"attn.k": one_head, "attn.v": one_head}
+
+
+def mla_widths(model: ModelSpec) -> tuple[int, int]:
+    """(query / key width, value width) of one MLA head: qk_nope + qk_rope, v_head_dim."""
+    return model.qk_nope_head_dim + model.qk_rope_head_dim, model.v_head_dim
+
+
+def mla_attention_saved_bytes(model: ModelSpec, layout: Layout, seq_len: int, micro_batch: int,
+                              activation_bytes: int) -> dict[str, int]:
+    """Megatron-Core's multi-head latent attention (MLASelfAttention with the Transformer Engine
+    spec), one tp rank. Megatron-LM megatron/core/transformer/multi_latent_attention.py and
+    models/gpt/gpt_layer_specs.py at commit d98e8a64:
+
+    - the down projections linear_q_down_proj (h -> q_lora_rank) and linear_kv_down_proj
+      (h -> kv_lora_rank + qk_rope) are TELinear with parallel_mode='duplicated': replicated on
+      every tp rank, fed by the separate input norm; both keep that one norm output
+      (`attn.qkv_input`, s/t tokens with sequence parallelism);
+    - linear_q_up_proj and linear_kv_up_proj are TELayerNormColumnParallelLinear: the fused
+      q_layernorm / kv_layernorm keeps its input and fp32 rstd and the linear its norm output,
+      all at the replicated (s, or s/t with SP) tokens, like the block's first norm-linear;
+      the up projections are column-parallel, so everything after them has a/t heads;
+    - without a q_lora_rank, linear_q_proj reads the norm output already counted;
+    - rope is applied to views of the up-projection outputs (the freqs, not per token, are
+      saved), `torch.cat` builds query and key, `.contiguous()` copies value: the core attention
+      gets a/t heads of (qk_nope + qk_rope) for q and k and of v_head_dim for v (one key and value
+      per query head: no grouping). The up-projection outputs themselves are not kept;
+    - the core attention and the output projection are as in `attention_saved_bytes` with those
+      widths (flash: q, k, v, out, fp32 log-sum-exp; unfused: the s^2 softmax tensors).
+    The latent tensors are small (r_q + r_kv per token); their norms' inputs are approximated as
+    contiguous r_q and r_kv rows (the split view of kv_down's output is r_kv + qk_rope wide).
+    """
+    e, b, s = activation_bytes, micro_batch, seq_len
+    heads = model.num_heads // layout.tp
+    dq, dv = mla_widths(model)
+    rep = replicated_tokens(layout, s) * b
+    out = {"attn.qkv_input": rep * model.hidden_size * e}
+    if model.q_lora_rank is not None:
+        out |= _latent_norm("attn.q_norm", model.q_lora_rank, rep, e)
+    out |= _latent_norm("attn.kv_norm", model.kv_lora_rank or 0, rep, e)
+    out |= {"attn.q": s * b * heads * dq * e, "attn.k": s * b * heads * dq * e,
+            "attn.v": s * b * heads * dv * e}
+    if layout.flash_attention:
+        out["attn.softmax_lse"] = heads * s * b * FP32_BYTES
+    else:
+        out["attn.softmax_output"] = heads * s * s * b * e
+        if model.dropout:
+            out["attn.softmax_dropout_mask"] = heads * s * s * b * MASK_BYTES
+            out["attn.softmax_dropout_output"] = heads * s * s * b * e
+    out["attn.proj_input"] = s * b * heads * dv * e
+    if model.dropout:
+        out["attn.dropout_mask"] = rep * model.hidden_size * MASK_BYTES
+    return out
+
+
+def _latent_norm(prefix: str, width: int, tokens: int, e: int) -> dict[str, int]:
+    """A TE LayerNormColumnParallelLinear over a latent of `width`: the RMSNorm input, its fp32
+    rstd, and the norm output the linear keeps (`prefix`.input / .stats / .output)."""
+    return {f"{prefix}.input": tokens * width * e, f"{prefix}.stats": tokens * FP32_BYTES,
+            f"{prefix}.output": tokens * width * e}
+
 
 
 def _mlp_inner(prefix: str, model: ModelSpec, tokens: int, width: int, e: int) -> dict[str, int]:
@@ -296,8 +358,14 @@ def selective_kept_bytes(model: ModelSpec, layout: Layout, seq_len: int, micro_b
     `_checkpointed_attention_forward`) and repeats K, V to the query heads inside it
     (dot_product_attention.py), so the kept K, V have kv heads; measured by `zplan calibrate`
     (tiny Llama, 4 heads, 2 kv heads: attn.k 32,768 B, not 65,536 B; docs/calibrate.md finding 1).
+    MLA: Megatron's default `--recompute-modules` is ["core_attn"] (transformer_config.py
+    `recompute_modules`, commit d98e8a64), so the same core is dropped and its inputs q, k, v
+    (a/t heads of the MLA widths) are kept; `mla_up_proj` (the up projections and rope, the
+    DeepSeek-V3 report's §3.2.3 choice) is not the default and is not modelled.
     """
     kept = {name: n for name, n in inventory.items() if name not in ATTENTION_CORE}
+    if model.is_mla:  # q, k, v are already per query head (mla_attention_saved_bytes)
+        return kept
     kv_bytes = seq_len * micro_batch * params.kv_heads_per_rank(model, layout.tp) \
         * model.head_size * activation_bytes
     kept["attn.k"] = kept["attn.v"] = kv_bytes

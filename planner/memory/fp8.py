@@ -93,6 +93,12 @@ def linear_input_features(model: ModelSpec, layout: Layout) -> dict[str, int]:
     Megatron's output_layer is not a TE module) and everything that is not a linear input."""
     t, h = layout.tp, model.hidden_size
     out = {"attn.qkv_input": h, "attn.proj_input": model.num_heads * model.head_size // t}
+    if model.is_mla:  # MLA (activations.mla_attention_saved_bytes): the up projections' norm
+        # outputs are TE linear inputs too; the output projection reads a/t heads of v_head_dim
+        out["attn.proj_input"] = model.num_heads * model.v_head_dim // t
+        out["attn.kv_norm.output"] = model.kv_lora_rank or 0
+        if model.q_lora_rank is not None:
+            out["attn.q_norm.output"] = model.q_lora_rank
     if model.is_moe:
         out["moe.expert_input"] = h
         out["moe.expert.fc2_input"] = model.expert_ffn_size // t
@@ -124,6 +130,11 @@ def fp8_inventory(model: ModelSpec, layout: Layout, inventory: dict[str, int],
         if name in out:
             rows = out[name] // (activation_bytes * cols)
             out[name] = fp8_saved_input_bytes(rows, cols, scaling)
+    if model.is_mla and "attn.qkv_input" in out:
+        # MLA: linear_kv_down_proj and linear_q_down_proj (or linear_q_proj) are two TE linears
+        # reading the same bf16 tensor; each quantizes and saves its own fp8 copy (the unfused
+        # MLA spec, Megatron-LM multi_latent_attention.py at d98e8a64)
+        out["attn.qkv_input"] *= 2
     if layout.flash_attention and "attn.proj_input" in inventory:
         out[CORE_OUTPUT] = inventory["attn.proj_input"]
     return out

@@ -24,6 +24,8 @@ from typing import Literal
 
 import numpy as np
 
+from pydantic import Field
+
 from planner.core.errors import PlanInputError
 from planner.core.spec import Frozen, Layout, ModelSpec, PrecisionRecipe, TrainSetup
 from planner.memory import activations
@@ -68,6 +70,11 @@ class Implementation(Frozen):
     attention_dropout: bool | None = None
     """Dropout on the attention probabilities (GPT-2 `attn_pdrop`, Llama `attention_dropout`);
     None: the model's `dropout` flag (which also covers residual and embedding dropout)."""
+
+    router_groups: int = Field(default=8, gt=0)
+    """DeepSeek-V3 router (MLA MoE models): expert groups `n_group` (DeepSeek-V3 config.json: 8)."""
+    router_topk_groups: int = Field(default=4, gt=0)
+    """DeepSeek-V3 router: groups kept per token `topk_group` (DeepSeek-V3 config.json: 4)."""
 
     def attn_dropout(self, model: ModelSpec) -> bool:
         return model.dropout if self.attention_dropout is None else self.attention_dropout
@@ -154,6 +161,8 @@ def hf_attention_saved_bytes(model: ModelSpec, impl: Implementation, seq_len: in
     whose fp32 list has softmax) then `.type(value.dtype)`; attention dropout keeps mask + output.
     sdpa (flash kernel on CUDA and CPU): q, k, v, out and an fp32 log-sum-exp (b, a, s).
     """
+    if model.is_mla:
+        return hf_mla_attention_saved_bytes(model, impl, seq_len, micro_batch)
     _, c = dtype_bytes(impl)
     b, s, d, a = micro_batch, seq_len, model.head_size, model.num_heads
     rotary = model.position == "rotary"
@@ -182,6 +191,68 @@ def hf_attention_saved_bytes(model: ModelSpec, impl: Implementation, seq_len: in
     return out
 
 
+def _latent_rmsnorm(prefix: str, tokens, width: int, c: int) -> dict[str, int]:
+    """DeepseekV3RMSNorm over a latent that a linear produced (dtype `c`): the fp32 input kept by
+    `pow`, fp32 rstd, the normalised tensor cast back to the input dtype `c`."""
+    return {f"{prefix}.input": tokens * width * FP32_BYTES, f"{prefix}.stats": tokens * FP32_BYTES,
+            f"{prefix}.normalized": tokens * width * c}
+
+
+def hf_mla_attention_saved_bytes(model: ModelSpec, impl: Implementation, seq_len: int,
+                                 micro_batch) -> dict[str, int]:
+    """transformers' DeepseekV3Attention (models/deepseek_v3/modeling_deepseek_v3.py, 5.23.0),
+    T = s·b tokens, a heads, dq = qk_nope + qk_rope, dv = v_head_dim, c the compute dtype.
+
+    The norm output feeds q_a_proj (or q_proj) and kv_a_proj_with_mqa (two linears: one storage,
+    two 16-bit copies under autocast). q path: q_a_layernorm keeps its fp32 input, rstd and the
+    normalised latent; q_b_proj its input `weight * normed` (T, r_q). kv path: kv_a_layernorm
+    runs on the r_kv split of kv_a_proj_with_mqa's output: in fp32 `.to(float32)` is no copy, so
+    `pow` keeps the whole (T, r_kv + qk_rope) output; otherwise an fp32 copy of (T, r_kv);
+    kv_b_proj keeps its input (T, r_kv). Rope multiplies views by cos and sin (kept once for the
+    model, `hf_outside_saved_bytes`); `torch.cat` builds the query, `expand_kv` a new key, both
+    (b, a, s, dq); value is a view of kv_b_proj's output (b, s, a, qk_nope + dv).
+    eager: the two matmuls keep q and k, the fp32 softmax (and its cast to c), and v: a
+    contiguous copy (b·a, s, dv) when b > 1, the view itself (kv_b's whole output) when b = 1.
+    sdpa (CPU flash kernel, dq = dv only): q, k, the value view (its whole
+    storage, T·a·(qk_nope + dv)), out and the fp32 log-sum-exp. o_proj keeps (T, a·dv) (under
+    sdpa a second copy, measured).
+    """
+    _, c = dtype_bytes(impl)
+    b, s, a = micro_batch, seq_len, model.num_heads
+    T, dq, dv = s * b, model.qk_nope_head_dim + model.qk_rope_head_dim, model.v_head_dim
+    r_kv = model.kv_lora_rank or 0
+    out = _linear_inputs("attn.qkv_input", T, model.hidden_size, 2, impl)
+    if model.q_lora_rank is not None:
+        out |= _latent_rmsnorm("attn.q_norm", T, model.q_lora_rank, c)
+        out["attn.q_up_input"] = T * model.q_lora_rank * c
+    out |= _latent_rmsnorm("attn.kv_norm", T, r_kv, c)
+    if impl.precision == "fp32":  # pow keeps the split view: the whole kv_a_proj output
+        out["attn.kv_norm.input"] = T * (r_kv + model.qk_rope_head_dim) * FP32_BYTES
+    out["attn.kv_up_input"] = T * r_kv * c
+    out |= {"attn.q": T * a * dq * c, "attn.k": T * a * dq * c}
+    if impl.name == "hf-sdpa":
+        if dq != dv or impl.device != "cpu" or impl.attn_dropout(model):
+            raise PlanInputError("implementation", "hf-sdpa with multi-head latent attention is "
+                                 "modelled for the CPU flash kernel with qk_nope + qk_rope = "
+                                 f"v_head_dim and no dropout (got {dq} and {dv}); use hf-eager")
+        out["attn.v"] = T * a * (model.qk_nope_head_dim + dv) * c
+        out |= _sdpa_kernel_extras(impl, a, a, s, b)
+    else:
+        if impl.attn_dropout(model):
+            raise PlanInputError("implementation", "hf-eager MLA with attention dropout is not "
+                                 "modelled; set attention_dropout to 0")
+        out["attn.softmax_output"] = T * a * s * FP32_BYTES
+        if c != FP32_BYTES:
+            out["attn.softmax_cast"] = T * a * s * c
+        # the value view (b, a, s, dv) of kv_b's output folds into bmm's (b·a, s, dv) without a copy
+        # only when b = 1 (then bmm keeps the view: kv_b's whole output); b > 1 copies it
+        out["attn.v"] = T * a * (dv + (micro_batch == 1) * model.qk_nope_head_dim) * c
+    # sdpa: the kernel's output and o_proj's input are two storages here (measured on CPU,
+    # tiny DeepSeek-V3, bf16/fp32/autocast; unlike Llama, where they are one); cause not traced
+    out["attn.proj_input"] = (2 if impl.name == "hf-sdpa" else 1) * T * a * dv * c
+    return out
+
+
 def _sdpa_kernel_extras(impl: Implementation, heads: int, kv: int, s: int, b) -> dict[str, int]:
     """Log-sum-exp and RNG state of the fused kernel (what autograd keeps besides q, k, v, out;
     torch 2.13 derivatives of `_scaled_dot_product_{flash,efficient,cudnn}_attention`, shapes
@@ -206,13 +277,13 @@ def _sdpa_kernel_extras(impl: Implementation, heads: int, kv: int, s: int, b) ->
 
 
 def hf_mlp_saved_bytes(model: ModelSpec, impl: Implementation, seq_len: int,
-                       micro_batch) -> dict[str, int]:
+                       micro_batch, moe: bool | None = None) -> dict[str, int]:
     """LlamaMLP `down(act(gate(x)) * up(x))`: SiLU keeps its input, the product both operands,
     down its input. GPT2MLP `c_proj(act(c_fc(x)))` with `gelu_new` = 0.5·x·(1 + tanh(√(2/π)·
     (x + 0.044715·x³))) in Python ops: pow keeps x, tanh its result, the last product both
     operands (0.5·x and 1 + tanh). Under CUDA autocast `pow` is on the fp32 list, so x is kept
     as an fp32 copy and tanh, 1 + tanh run in fp32; CPU autocast leaves them in 16 bits."""
-    if model.is_moe:
+    if model.is_moe if moe is None else moe:
         return hf_moe_saved_bytes(model, impl, seq_len, micro_batch)
     _, c = dtype_bytes(impl)
     n = seq_len * micro_batch * model.ffn_hidden_size
@@ -258,12 +329,16 @@ def hf_moe_saved_bytes(model: ModelSpec, impl: Implementation, seq_len: int,
     tokens = seq_len * micro_batch
     k, experts, f, h = model.experts_per_token, model.num_experts, model.expert_ffn_size, model.hidden_size
     routed = k * tokens
-    return {
-        "mlp.fc1_input": tokens * h * c,
-        "moe.router_probs": tokens * experts * FP32_BYTES,
-        "moe.topk_indices": tokens * k * INDEX_BYTES,
-        "moe.topk_values": tokens * k * FP32_BYTES,
-        "moe.topk_sum": tokens * FP32_BYTES,
+    if model.is_mla:
+        router = deepseek_v3_router_saved_bytes(model, impl, tokens)
+    else:
+        router = {"mlp.fc1_input": tokens * h * c,
+                  "moe.router_probs": tokens * experts * FP32_BYTES,
+                  "moe.topk_indices": tokens * k * INDEX_BYTES,
+                  "moe.topk_values": tokens * k * FP32_BYTES,
+                  "moe.topk_sum": tokens * FP32_BYTES,
+                  "moe.routing_weights": routed * FP32_BYTES}
+    return router | {
         "moe.indices": 3 * routed * INDEX_BYTES,
         "moe.offsets": experts * 4,
         "moe.expert_input": routed * h * x,
@@ -271,16 +346,68 @@ def hf_moe_saved_bytes(model: ModelSpec, impl: Implementation, seq_len: int,
         "moe.expert.act_output": routed * f * x,
         "moe.expert.fc2_input": routed * f * x,
         "moe.expert_output": routed * h * x,
-        "moe.routing_weights": routed * FP32_BYTES,
     }
 
 
-def block_linear_weights(model: ModelSpec) -> int:
-    """Weight-matrix elements of one block's linears (what autocast casts to 16 bits)."""
-    h, d = model.hidden_size, model.head_size
-    attn = h * model.num_heads * d * 2 + h * model.kv_heads * d * 2
-    if model.is_moe:  # the router linear; the experts' grouped_mm is not autocast
-        return attn + h * model.num_experts
+def deepseek_v3_router_saved_bytes(model: ModelSpec, impl: Implementation, tokens) -> dict[str, int]:
+    """DeepseekV3TopkRouter and the shared experts of DeepseekV3MoE (models/deepseek_v3/
+    modeling_deepseek_v3.py, transformers 5.23.0), T = `tokens`, E experts, G = n_group groups.
+
+    The router computes in `r` = fp32 (`F.linear(x.type(float32), weight.type(float32))`; under
+    autocast the linear runs in 16 bits, so r = 16 bits): the linear keeps its fp32 input (no copy
+    when the block runs fp32, the one storage the shared experts read too) and, with 16-bit
+    weights, the fp32 copy of its weight E x h; sigmoid keeps its output (T, E) (also gather's
+    source); topk(2) per group keeps int64 (T, G, 2), the group topk int64 (T, topk_group),
+    masked_fill its bool mask (T, E), the final topk / gather int64 (T, k); the in-place `/=`
+    the top-k weights (T, k) and their sum (T, 1); `* routed_scaling_factor` makes the routing
+    weights (T·k, 1) the experts multiply by. Shared experts: a DeepseekV3MLP of width
+    n_shared·f_moe (SiLU input, SiLU output, up output, down input) whose gate and up linears read
+    the block input (one more 16-bit storage in bf16, two casts under autocast).
+    """
+    resid, c = dtype_bytes(impl)
+    auto = _autocast(impl)
+    r = c if auto else FP32_BYTES
+    h, e, k = model.hidden_size, model.num_experts, model.experts_per_token
+    g, fs = impl.router_groups, model.num_shared_experts * model.expert_ffn_size
+    shared_inputs = 2 if auto else (0 if resid == FP32_BYTES else 1)  # beyond the router's input
+    out = {"mlp.fc1_input": tokens * h * (c if auto else FP32_BYTES) + shared_inputs * tokens * h * c}
+    if not auto and resid != FP32_BYTES:
+        out["moe.router_weight_cast"] = e * h * FP32_BYTES
+    out |= {"moe.router_probs": tokens * e * r,
+            "moe.group_topk_indices": (g * 2 + impl.router_topk_groups) * tokens * INDEX_BYTES,
+            "moe.group_mask": tokens * e,
+            "moe.topk_indices": tokens * k * INDEX_BYTES,
+            "moe.topk_values": tokens * k * r, "moe.topk_sum": tokens * r,
+            "moe.routing_weights": k * tokens * r}
+    if fs:
+        n = tokens * fs * c
+        out |= {"moe.shared.act_input": n, "moe.shared.act_output": n, "moe.shared.up_output": n,
+                "moe.shared.fc2_input": n}
+    return out
+
+
+def attention_linear_weights(model: ModelSpec) -> int:
+    """Weight-matrix elements of one block's attention linears. MLA (DeepseekV3Attention):
+    q_a h x r_q + q_b r_q x a·dq (or q_proj h x a·dq), kv_a h x (r_kv + qk_rope),
+    kv_b r_kv x a·(qk_nope + dv), o a·dv x h."""
+    h, a = model.hidden_size, model.num_heads
+    if not model.is_mla:
+        d = model.head_size
+        return h * a * d * 2 + h * model.kv_heads * d * 2
+    dq, dv, r_kv = model.qk_nope_head_dim + model.qk_rope_head_dim, model.v_head_dim, model.kv_lora_rank or 0
+    r_q = model.q_lora_rank
+    q = h * a * dq if r_q is None else h * r_q + r_q * a * dq
+    return q + h * (r_kv + model.qk_rope_head_dim) + r_kv * a * (model.qk_nope_head_dim + dv) + a * dv * h
+
+
+def block_linear_weights(model: ModelSpec, moe: bool | None = None) -> int:
+    """Weight-matrix elements of one block's linears (what autocast casts to 16 bits); `moe`:
+    an MoE or a dense block (None: MoE when the model has experts)."""
+    h = model.hidden_size
+    attn = attention_linear_weights(model)
+    if model.is_moe if moe is None else moe:  # the router linear; the experts' grouped_mm is not autocast
+        shared = 3 * h * model.num_shared_experts * model.expert_ffn_size if model.is_mla else 0
+        return attn + h * model.num_experts + shared  # DeepSeek-V3: + the shared experts' MLP
     mats = 3 if model.mlp == "swiglu" else 2
     return attn + mats * h * model.ffn_hidden_size
 
@@ -298,21 +425,22 @@ def _check(model: ModelSpec, impl: Implementation, seq_len: int, micro_batch) ->
 
 
 def hf_block_saved_bytes(model: ModelSpec, impl: Implementation, seq_len: int,
-                         micro_batch) -> dict[str, int]:
-    """One transformers decoder block (LlamaDecoderLayer / GPT2Block), before recompute."""
+                         micro_batch, moe: bool | None = None) -> dict[str, int]:
+    """One transformers decoder block (LlamaDecoderLayer / GPT2Block / DeepseekV3DecoderLayer),
+    before recompute; `moe`: an MoE or a dense block (None: MoE when the model has experts)."""
     _check(model, impl, seq_len, micro_batch)
     tokens = seq_len * micro_batch
     out = (_norm("norm1", model, tokens, impl)
            | hf_attention_saved_bytes(model, impl, seq_len, micro_batch)
            | _norm("norm2", model, tokens, impl)
-           | hf_mlp_saved_bytes(model, impl, seq_len, micro_batch))
+           | hf_mlp_saved_bytes(model, impl, seq_len, micro_batch, moe))
     if _autocast(impl):
-        out["autocast.weight_casts"] = block_linear_weights(model) * dtype_bytes(impl)[1]
+        out["autocast.weight_casts"] = block_linear_weights(model, moe) * dtype_bytes(impl)[1]
     return out
 
 
 def block_saved_bytes(model: ModelSpec, impl: Implementation, seq_len: int, micro_batch,
-                      layout: Layout | None = None) -> dict[str, int]:
+                      layout: Layout | None = None, moe: bool | None = None) -> dict[str, int]:
     """What one block keeps for backward under `impl`: megatron -> activations.py's inventory
     (with `layout`: tp, sequence parallel, flash, Tempo, selective recompute); hf-* -> the
     transformers inventory, or the block input alone under HF gradient checkpointing."""
@@ -328,7 +456,7 @@ def block_saved_bytes(model: ModelSpec, impl: Implementation, seq_len: int, micr
         raise PlanInputError("tp", f"{impl.name} runs without tensor parallelism (got tp={layout.tp})")
     if impl.recompute == "full":
         return {"checkpoint.block_input": seq_len * micro_batch * model.hidden_size * dtype_bytes(impl)[0]}
-    return hf_block_saved_bytes(model, impl, seq_len, micro_batch)
+    return hf_block_saved_bytes(model, impl, seq_len, micro_batch, moe)
 
 
 # --------------------------------------------------------------------------- outside the blocks
@@ -353,7 +481,8 @@ def hf_outside_saved_bytes(model: ModelSpec, impl: Implementation, seq_len: int,
     if model.position == "learned":
         out["embedding.position_ids"] = s * INDEX_BYTES
     else:
-        out["rotary.cos_sin"] = 2 * s * model.head_size * resid
+        rope = model.qk_rope_head_dim if model.is_mla else model.head_size  # MLA: rope part only
+        out["rotary.cos_sin"] = 2 * s * rope * resid
     if model.dropout and model.position == "learned":
         out["embedding.dropout_mask"] = tokens * h * _mask_bytes(impl, resid)
     if model.final_norm:
@@ -376,8 +505,11 @@ def model_saved_bytes(model: ModelSpec, impl: Implementation, seq_len: int, micr
         raise PlanInputError("implementation", "megatron's per-stage extras live in "
                              "activations.stage_activations; model_saved_bytes covers hf-*")
     n = model.num_layers if num_layers is None else num_layers
-    block = sum(block_saved_bytes(model, impl, seq_len, micro_batch).values())
-    return n * block + sum(hf_outside_saved_bytes(model, impl, seq_len, micro_batch).values())
+    kinds = [model.layer_is_moe(i) for i in range(n)]  # dense / MoE (first_dense_layers, moe_layer_step)
+    blocks = {moe: sum(block_saved_bytes(model, impl, seq_len, micro_batch, moe=moe).values())
+              for moe in set(kinds)}
+    return (sum(blocks[moe] for moe in kinds)
+            + sum(hf_outside_saved_bytes(model, impl, seq_len, micro_batch).values()))
 
 
 # --------------------------------------------------------------------------- the plan's view
