@@ -212,3 +212,45 @@ def test_not_expressible():
     setup = setup.model_copy(update={"precision": get_precision("megatron-bf16")})
     with pytest.raises(PlanInputError, match="zero_stage: not expressible"):
         megatron_flags(LLAMA3_8B, Layout(dp=8, zero_stage=3), setup)
+
+
+def test_deepseek_v3_mla_and_mtp_flags_round_trip():
+    """DeepSeek-V3 (MLA, 1 MTP module, 3 dense then 58 MoE blocks) written as Megatron-LM flags
+    and read back: the flag names and defaults are arguments.py `_add_mla_args` at
+    NVIDIA/Megatron-LM@d98e8a64 (--kv-lora-rank, --qk-head-dim = the no-rope part,
+    --qk-pos-emb-head-dim = the rope part, --v-head-dim, --q-lora-rank) plus the
+    --multi-latent-attention and --mtp-num-layers TransformerConfig fields. The values are
+    DeepSeek-V3's config.json (kv_lora_rank 512, qk_nope_head_dim 128, qk_rope_head_dim 64,
+    v_head_dim 128, q_lora_rank 1536, num_nextn_predict_layers 1); the model read back counts
+    the preset's 671,026,404,352 parameters (transformers 5.23.0 on the meta device,
+    tests/test_models_modern.py)."""
+    from planner.core.params import count_params
+    from planner.io.loading import load_model
+
+    model = load_model("deepseek-v3")
+    setup = TrainSetup(seq_len=4096, global_batch=1024, train_tokens=1e9,
+                       precision=get_precision("megatron-bf16"), optimizer=get_optimizer("adam"))
+    layout = Layout(pp=16, dp=64, ep=8, zero_stage=1, micro_batch=1, grad_accum=16)
+    flags = megatron_flags(model, layout, setup)
+    written = dict(zip(flags, flags[1:]))
+    assert "--multi-latent-attention" in flags
+    assert (written["--kv-lora-rank"], written["--qk-head-dim"], written["--qk-pos-emb-head-dim"],
+            written["--v-head-dim"], written["--q-lora-rank"], written["--mtp-num-layers"]) == \
+        ("512", "128", "64", "128", "1536", "1")
+    job = job_from_megatron({}, parse_megatron_args(" ".join(flags))[1], num_gpus=1024)
+    assert job.layout.ep == 8 and job.layout.pp == 16
+    back = job.model
+    assert (back.kv_lora_rank, back.q_lora_rank, back.qk_nope_head_dim, back.qk_rope_head_dim,
+            back.v_head_dim, back.mtp_modules) == (512, 1536, 128, 64, 128, 1)
+    assert count_params(back).total == 671_026_404_352
+
+
+def test_mla_defaults_are_arguments_py_defaults():
+    """--multi-latent-attention alone: --kv-lora-rank 32, --qk-head-dim 128,
+    --qk-pos-emb-head-dim 64, --v-head-dim 128, no --q-lora-rank (arguments.py at d98e8a64)."""
+    line = ("pretrain_gpt.py --num-layers 2 --hidden-size 256 --num-attention-heads 4 "
+            "--seq-length 128 --max-position-embeddings 128 --vocab-size 1000 "
+            "--micro-batch-size 1 --global-batch-size 1 --multi-latent-attention")
+    model = job_from_megatron({}, parse_megatron_args(line)[1], num_gpus=1).model
+    assert (model.kv_lora_rank, model.q_lora_rank, model.qk_nope_head_dim, model.qk_rope_head_dim,
+            model.v_head_dim, model.mtp_modules) == (32, None, 128, 64, 128, 0)

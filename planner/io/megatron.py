@@ -99,7 +99,7 @@ def _refuse_unknown(flags: Args) -> None:
             raise PlanInputError("--megatron-args", f"unknown Megatron-LM flag {flag}{hint}")
 
 
-ZERO_ALLOWED = {"--recompute-num-layers", "--moe-shared-expert-intermediate-size", "--num-experts",
+ZERO_ALLOWED = {"--recompute-num-layers", "--mtp-num-layers", "--moe-shared-expert-intermediate-size", "--num-experts",
                 "--train-iters", "--train-samples"}
 """Integer flags for which 0 means "none"; every other integer flag is a size or a divisor."""
 
@@ -214,6 +214,22 @@ def _moe_placement(args: Args) -> dict[str, int]:
     return {"first_dense_layers": first, "moe_layer_step": step}
 
 
+def _mla_fields(args: Args) -> dict[str, Any]:
+    """--multi-latent-attention (a TransformerConfig field) with --q-lora-rank (default None: a
+    full-rank query projection), --kv-lora-rank (32), --qk-head-dim (128), --qk-pos-emb-head-dim
+    (64), --v-head-dim (128): arguments.py `_add_mla_args` defaults at NVIDIA/Megatron-LM@d98e8a64;
+    --mtp-num-layers (multi-token prediction modules, default none)."""
+    fields: dict[str, Any] = {"mtp_modules": _int(args, "--mtp-num-layers", 0)}
+    if not args.get("--multi-latent-attention"):
+        return fields
+    return fields | {
+        "q_lora_rank": _int(args, "--q-lora-rank") if "--q-lora-rank" in args else None,
+        "kv_lora_rank": _int(args, "--kv-lora-rank", 32),
+        "qk_nope_head_dim": _int(args, "--qk-head-dim", 128),
+        "qk_rope_head_dim": _int(args, "--qk-pos-emb-head-dim", 64),
+        "v_head_dim": _int(args, "--v-head-dim", 128)}
+
+
 def model_from_megatron(args: Args, tp: int, name: str = "megatron-model") -> ModelSpec:
     """The model the network-size flags describe, with arguments.py's defaults."""
     hidden, heads = _int(args, "--hidden-size"), _int(args, "--num-attention-heads")
@@ -234,6 +250,7 @@ def model_from_megatron(args: Args, tp: int, name: str = "megatron-model") -> Mo
         position=_position(args), tied_embeddings=not args.get("--untie-embeddings-and-output-weights"),
         linear_bias=not args.get("--disable-bias-linear"), qkv_bias=bool(args.get("--add-qkv-bias")),
         dropout=dropout, source="Megatron-LM arguments", **_moe_fields(args, ffn),
+        **_mla_fields(args),
     )
     try:
         return ModelSpec(**fields)
@@ -430,8 +447,6 @@ def _check_exportable(model: ModelSpec, layout: Layout, setup: TrainSetup) -> No
         (model.arch != "decoder", "model", "encoder models use pretrain_bert.py, not written here"),
         (model.sliding_window is not None, "sliding_window", "no sliding-window flag is written"),
         (model.lm_head_bias or not model.final_norm, "model", "lm_head bias / no final norm"),
-        (model.is_mla, "kv_lora_rank", "multi-head latent attention flags are not written yet"),
-        (model.mtp_modules > 0, "mtp_modules", "multi-token prediction flags are not written yet"),
         (model.qk_norm or model.sandwich_norms, "qk_norm",
          "q/k norms and sandwich norms: no flag is written yet"),
         (model.gate_activation != "silu", "gate_activation", f"{model.gate_activation}: --swiglu is SiLU"),
@@ -467,6 +482,13 @@ def _model_flags(model: ModelSpec) -> list[str]:
     flags += [] if model.linear_bias else ["--disable-bias-linear"]
     flags += ["--add-qkv-bias"] if model.qkv_bias and not model.linear_bias else []
     flags += [] if model.dropout else ["--attention-dropout", "0", "--hidden-dropout", "0"]
+    if model.is_mla:  # _mla_fields reads them back
+        flags += ["--multi-latent-attention", "--kv-lora-rank", str(model.kv_lora_rank),
+                  "--qk-head-dim", str(model.qk_nope_head_dim),
+                  "--qk-pos-emb-head-dim", str(model.qk_rope_head_dim),
+                  "--v-head-dim", str(model.v_head_dim)]
+        flags += ["--q-lora-rank", str(model.q_lora_rank)] if model.q_lora_rank else []
+    flags += ["--mtp-num-layers", str(model.mtp_modules)] if model.mtp_modules else []
     if model.is_moe:
         flags += ["--num-experts", str(model.num_experts), "--moe-router-topk", str(model.experts_per_token),
                   "--moe-ffn-hidden-size", str(model.expert_ffn_size)]
