@@ -101,6 +101,17 @@ def attention_saved_bytes(model: ModelSpec, layout: Layout, seq_len: int, micro_
         "attn.k": s * b * kv * d * e,
         "attn.v": s * b * kv * d * e,
     }
+    return out | core_and_projection_saved_bytes(model, layout, s, b, e, heads, d, rep)
+
+
+def core_and_projection_saved_bytes(model: ModelSpec, layout: Layout, s: int, b: int, e: int,
+                                    heads: int, value_width: int, rep: int) -> dict[str, int]:
+    """What the core attention and the output projection save on one tp rank, for `heads` query
+    heads whose values are `value_width` wide (standard attention: the head size; MLA:
+    v_head_dim): flash keeps the fp32 log-sum-exp, the unfused path the s^2 softmax (and its
+    dropout mask and output); the projection keeps its input; `rep` tokens for the block's
+    dropout mask (sequence parallelism splits them)."""
+    out: dict[str, int] = {}
     if layout.flash_attention:
         out["attn.softmax_lse"] = heads * s * b * FP32_BYTES
     else:
@@ -108,7 +119,7 @@ def attention_saved_bytes(model: ModelSpec, layout: Layout, seq_len: int, micro_
         if model.dropout:
             out["attn.softmax_dropout_mask"] = heads * s * s * b * MASK_BYTES
             out["attn.softmax_dropout_output"] = heads * s * s * b * e
-    out["attn.proj_input"] = s * b * heads * d * e
+    out["attn.proj_input"] = s * b * heads * value_width * e
     if model.dropout:
         out["attn.dropout_mask"] = rep * model.hidden_size * MASK_BYTES
     return out
@@ -177,17 +188,7 @@ def mla_attention_saved_bytes(model: ModelSpec, layout: Layout, seq_len: int, mi
     out |= _latent_norm("attn.kv_norm", model.kv_lora_rank or 0, rep, e)
     out |= {"attn.q": s * b * heads * dq * e, "attn.k": s * b * heads * dq * e,
             "attn.v": s * b * heads * dv * e}
-    if layout.flash_attention:
-        out["attn.softmax_lse"] = heads * s * b * FP32_BYTES
-    else:
-        out["attn.softmax_output"] = heads * s * s * b * e
-        if model.dropout:
-            out["attn.softmax_dropout_mask"] = heads * s * s * b * MASK_BYTES
-            out["attn.softmax_dropout_output"] = heads * s * s * b * e
-    out["attn.proj_input"] = s * b * heads * dv * e
-    if model.dropout:
-        out["attn.dropout_mask"] = rep * model.hidden_size * MASK_BYTES
-    return out
+    return out | core_and_projection_saved_bytes(model, layout, s, b, e, heads, dv, rep)
 
 
 def _latent_norm(prefix: str, width: int, tokens: int, e: int) -> dict[str, int]:
