@@ -9,10 +9,12 @@ the same column functions the sweep evaluates), activations and recompute workin
 
 from __future__ import annotations
 
+import numpy as np
+
 from planner.memory import activations, experts, model_states, peak
 from planner.core import params
 from planner.core import rules
-from planner.core.columns import LayoutColumns
+from planner.core.columns import DP_ENGINES, LayoutColumns
 from planner.memory.host import accounting_used
 from planner.memory.reserve import layout_reserve_bytes, reserve_missing_note, training_communicators
 from planner.core.spec import GIB, Cluster, Frozen, Layout, ModelSpec, TrainSetup, ceil_div
@@ -144,16 +146,33 @@ def plan_memory(model: ModelSpec, cluster: Cluster, layout: Layout, setup: Train
                       reserve=reserve, reserve_note=note, host_accounting_note=used or "")
 
 
+def stage_transient_parts(model: ModelSpec, setup: TrainSetup, cols: LayoutColumns, num_params,
+                          kept_bytes, recompute_bytes, last) -> dict:
+    """The named transients of one stage per layout row (planner.memory.peak.plan_transients):
+    the loss backward where `last` (the stage holds the loss), the optimizer's temporaries."""
+    loss = np.where(last, peak.stage_loss_bytes(setup, model.vocab_size, cols["tp"],
+                                                cols["micro_batch"], cols.get("cp", 1)), 0)
+    temps = peak.gpu_optimizer_temp_bytes(num_params, cols["dp"], cols["zero_stage"],
+                                          cols["dp_engine"] == DP_ENGINES.index("fsdp2"),
+                                          cols["offload_optimizer"] > 0)
+    return peak.plan_transients(kept_bytes, recompute_bytes, loss, temps)
+
+
+def stage_transient_column(model: ModelSpec, setup: TrainSetup, cols: LayoutColumns, num_params,
+                           kept_bytes, recompute_bytes, last) -> np.ndarray:
+    """`stage_transient_parts` summed: what the step's transients add to a stage, every row
+    (the sweep and the strategy minimums)."""
+    return sum(stage_transient_parts(model, setup, cols, num_params, kept_bytes, recompute_bytes,
+                                     last).values())
+
+
 def stage_transients(model: ModelSpec, layout: Layout, setup: TrainSetup, num_params: int,
                      kept_bytes: int, recompute_bytes: int, *, last: bool) -> dict[str, int]:
-    """The non-zero named transients of one stage (planner.memory.peak.plan_transients, the
-    functions the sweep evaluates over its columns)."""
-    loss = peak.stage_loss_bytes(setup, model.vocab_size, layout.tp, layout.micro_batch,
-                                 layout.cp) if last else 0
-    temps = peak.gpu_optimizer_temp_bytes(num_params, layout.dp, layout.zero_stage,
-                                          layout.dp_engine == "fsdp2", layout.offload_optimizer != "none")
-    parts = peak.plan_transients(kept_bytes, recompute_bytes, loss, temps)
-    return {name: int(v) for name, v in parts.items() if int(v)}
+    """The non-zero named transients of one stage: `stage_transient_parts` of one row."""
+    parts = stage_transient_parts(model, setup, LayoutColumns.from_layout(layout), num_params,
+                                  kept_bytes, recompute_bytes, last)
+    return {name: int(np.asarray(v).reshape(-1)[0]) for name, v in parts.items()
+            if np.asarray(v).reshape(-1)[0]}
 
 
 def gpu_reserve(cluster: Cluster, layout: Layout, setup: TrainSetup) -> dict[str, int]:

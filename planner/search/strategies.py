@@ -22,7 +22,7 @@ from planner.memory.reserve import reserve_column
 from planner.core import params
 from planner.core.columns import LayoutColumns
 from planner.memory import activations, model_states
-from planner.memory.plan import plan_memory
+from planner.memory.plan import plan_memory, stage_transient_column
 from planner.search import sweep
 from planner.core.spec import Cluster, Frozen, Layout, ModelSpec, TrainSetup
 
@@ -109,7 +109,7 @@ def _fits_many(model: ModelSpec, cluster: Cluster, base: Layout, setup: TrainSet
                           model_states.parts_total(states.nvme, P)))
         gpu, stage_host = seen[key]
         kept = act.total_bytes - act.recompute_working_bytes - act.cp_working_bytes
-        transients = sweep.stage_transient_column(  # the plan's peak (memory.peak)
+        transients = stage_transient_column(  # the plan's peak (memory.peak)
             model, setup, cols, sp.total, kept, act.recompute_working_bytes + act.cp_working_bytes,
             last=sp.stage == base.pp - 1)
         fits &= gpu + act.total_bytes + transients <= capacity

@@ -553,19 +553,6 @@ def model_state_columns(cluster: Cluster, setup: TrainSetup, cands: LayoutColumn
     return gpu[0][inv], gpu[3][inv], node_cpu[inv], node_nvme[inv], gpu[1][inv], gpu[2][inv]
 
 
-def stage_transient_column(model: ModelSpec, setup: TrainSetup, cands: LayoutColumns, num_params,
-                           kept, recompute, last) -> np.ndarray:
-    """The transients of one stage kind per candidate beyond its kept activations and recompute
-    segment, summed (`plan.stage_transients`'s
-    functions over columns: planner.memory.peak); `last`: rows where that stage holds the loss."""
-    loss = np.where(last, peak.stage_loss_bytes(setup, model.vocab_size, cands["tp"],
-                                                cands["micro_batch"], cands.get("cp", 1)), 0)
-    temps = peak.gpu_optimizer_temp_bytes(num_params, cands["dp"], cands["zero_stage"],
-                                          cands["dp_engine"] == DP_ENGINES.index("fsdp2"),
-                                          cands["offload_optimizer"] > 0)
-    return sum(peak.plan_transients(kept, recompute, loss, temps).values())
-
-
 STAGE_FIELDS = ("params", "routed", "largest", "persistent", "max_layers", "max_params", "block",
                 "layers", "stage")
 
@@ -609,7 +596,7 @@ def evaluate(model: ModelSpec, cluster: Cluster, setup: TrainSetup, cands: dict[
     stage_params = tables["params"][inv]
 
     def stage_bytes(states, kept, kind, last):  # states + activations + the step's transients
-        return states + kept + working + stage_transient_column(
+        return states + kept + working + plan.stage_transient_column(
             model, setup, cands, stage_params[:, kind], kept, working, last)
 
     gpu_first = stage_bytes(states_first, kept_f, 0, pp == 1)
