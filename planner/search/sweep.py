@@ -302,14 +302,15 @@ _representatives = representatives
 def stage_table(model: ModelSpec, tp: int, pp: int,
                 threshold: int = model_states.DEFAULT_BUFFERS.param_persistence_threshold,
                 first: int = 0, last: int = 0, ep: int = 1) -> dict[str, tuple[int, int, int]]:
-    """Scalar facts of the first, a middle (stage 2) and the last stage (params, model_states):
+    """Scalar facts of the first, stage 2, the heaviest middle (`middle_kinds`) and the last stage:
     parameters per tp rank at ep = 1 and the routed experts among them (memory.experts), largest
     tensor, ZeRO-3 persistent elements, layers; `max_params` per GPU with the routed experts /
     ep. A middle stage exists when pp >= 3. `first` / `last`: uneven stage layers (0 = the even
     split)."""
     stages = params.stage_params(model, tp, pp, first=first or None, last=last or None)
     routed = experts.stage_routed_params(model, tp, pp, first or None, last or None)
-    kinds = (stages[0], *middle_kinds(model, stages), stages[-1])
+    moe_blocks = experts.moe_layers_per_stage(model, pp, first or None, last or None)
+    kinds = (stages[0], *middle_kinds(stages, moe_blocks), stages[-1])
     distinct = {s.stage: s for s in kinds}  # pp = 1 and 2 repeat a stage
     largest = {i: params.largest_param_numel(model, tp, i, pp) for i in distinct}
     persistent = {i: model_states.zero3_persistent_numel(model, tp, s, pp, threshold)
@@ -328,26 +329,18 @@ def stage_table(model: ModelSpec, tp: int, pp: int,
     }
 
 
-def middle_kinds(model: ModelSpec, stages: list) -> tuple:
+def middle_kinds(stages: list, moe_blocks: list[int]) -> tuple:
     """The two middle stages that can hold a pipeline's peak (the first stage again when
     pp < 3): stage 2, which keeps the most micro-batches in flight of the middle stages, and the
-    first middle stage with the most MoE blocks (models mixing dense and MoE blocks, e.g.
-    DeepSeek-V3's dense first blocks: a later all-MoE stage can outweigh stage 2 although it
-    keeps one micro-batch fewer). Middle stages of equal make-up are dominated by the first of
-    them (the same bytes, more in flight). Stages of mixed make-up between the two are
-    approximated by them."""
+    first middle stage with the most MoE blocks (`moe_blocks` per stage,
+    `experts.moe_layers_per_stage`; models mixing dense and MoE blocks, e.g. DeepSeek-V3's dense
+    first blocks: a later all-MoE stage can outweigh stage 2 although it keeps one micro-batch
+    fewer). Middle stages of equal make-up are dominated by the first of them (the same bytes,
+    more in flight). Stages of mixed make-up between the two are approximated by them."""
     if len(stages) < 3:
         return stages[0], stages[0]
-    middle = stages[1:-1]
-    if len(params.block_kinds(model)) == 1:  # every block alike: stage 2 is the heaviest middle
-        return middle[0], middle[0]
-    start = sum(s.num_layers for s in stages[:1])
-    moe_counts, at = [], start
-    for s in middle:
-        moe_counts.append(sum(model.layer_is_moe(i) for i in range(at, at + s.num_layers)))
-        at += s.num_layers
-    heaviest = middle[moe_counts.index(max(moe_counts))]
-    return middle[0], heaviest
+    middle = moe_blocks[1:-1]
+    return stages[1], stages[1 + middle.index(max(middle))]
 
 
 @functools.lru_cache(maxsize=4096)
