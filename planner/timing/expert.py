@@ -30,7 +30,7 @@ import functools
 
 import numpy as np
 
-from planner.core.columns import RECOMPUTE_MODES
+from planner.core.columns import RECOMPUTE_MODES, on_distinct
 from planner.core.spec import ModelSpec, TrainSetup
 from planner.memory import experts
 from planner.timing import collectives
@@ -75,10 +75,9 @@ def moe_layers_column(model: ModelSpec, cols) -> np.ndarray:
     pp = np.asarray(cols["pp"])
     first = np.asarray(cols["first_stage_layers"]) if "first_stage_layers" in cols else np.zeros_like(pp)
     last = np.asarray(cols["last_stage_layers"]) if "last_stage_layers" in cols else np.zeros_like(pp)
-    keys = np.stack([pp, first, last], axis=1)
-    uniq, inverse = np.unique(keys, axis=0, return_inverse=True)
-    values = np.array([most_moe_layers(model, int(p), int(f), int(la)) for p, f, la in uniq])
-    return values[inverse.reshape(-1)]
+    return on_distinct(lambda rows: {"moe": np.array([
+        most_moe_layers(model, int(p), int(f), int(la))
+        for p, f, la in zip(pp[rows], first[rows], last[rows])])}, pp, first, last)["moe"]
 
 
 def ep_comm_s(model: ModelSpec, setup: TrainSetup, cols, rates) -> np.ndarray:
