@@ -146,33 +146,34 @@ def plan_memory(model: ModelSpec, cluster: Cluster, layout: Layout, setup: Train
                       reserve=reserve, reserve_note=note, host_accounting_note=used or "")
 
 
-def stage_transient_parts(model: ModelSpec, setup: TrainSetup, cols: LayoutColumns, num_params,
-                          kept_bytes, recompute_bytes, last) -> dict:
-    """The named transients of one stage per layout row (planner.memory.peak.plan_transients):
-    the loss backward where `last` (the stage holds the loss), the optimizer's temporaries."""
+def stage_loss_and_temps(model: ModelSpec, setup: TrainSetup, cols: LayoutColumns, num_params,
+                         last) -> tuple:
+    """(loss backward bytes where `last` — the stage holds the loss —, the optimizer's temporary
+    bytes) of one stage per layout row (planner.memory.peak)."""
     loss = np.where(last, peak.stage_loss_bytes(setup, model.vocab_size, cols["tp"],
                                                 cols["micro_batch"], cols.get("cp", 1)), 0)
     temps = peak.gpu_optimizer_temp_bytes(num_params, cols["dp"], cols["zero_stage"],
                                           cols["dp_engine"] == DP_ENGINES.index("fsdp2"),
                                           cols["offload_optimizer"] > 0)
-    return peak.plan_transients(kept_bytes, recompute_bytes, loss, temps)
+    return loss, temps
 
 
 def stage_transient_column(model: ModelSpec, setup: TrainSetup, cols: LayoutColumns, num_params,
                            kept_bytes, recompute_bytes, last) -> np.ndarray:
-    """`stage_transient_parts` summed: what the step's transients add to a stage, every row
-    (the sweep and the strategy minimums)."""
-    return sum(stage_transient_parts(model, setup, cols, num_params, kept_bytes, recompute_bytes,
-                                     last).values())
+    """What the step's transients add to a stage, every row (the sweep and the strategy
+    minimums): `peak.plan_transients` of `stage_loss_and_temps`, summed."""
+    loss, temps = stage_loss_and_temps(model, setup, cols, num_params, last)
+    return sum(peak.plan_transients(kept_bytes, recompute_bytes, loss, temps).values())
 
 
 def stage_transients(model: ModelSpec, layout: Layout, setup: TrainSetup, num_params: int,
                      kept_bytes: int, recompute_bytes: int, *, last: bool) -> dict[str, int]:
-    """The non-zero named transients of one stage: `stage_transient_parts` of one row."""
-    parts = stage_transient_parts(model, setup, LayoutColumns.from_layout(layout), num_params,
-                                  kept_bytes, recompute_bytes, last)
-    return {name: int(np.asarray(v).reshape(-1)[0]) for name, v in parts.items()
-            if np.asarray(v).reshape(-1)[0]}
+    """The non-zero named transients of one stage: `stage_loss_and_temps` of one row, in exact
+    Python integers (a plan's activation bytes can exceed int64; tests/test_integer_safety.py)."""
+    loss, temps = (int(np.asarray(x).reshape(-1)[0]) for x in stage_loss_and_temps(
+        model, setup, LayoutColumns.from_layout(layout), num_params, last))
+    parts = peak.plan_transients(kept_bytes, recompute_bytes, loss, temps)
+    return {name: int(v) for name, v in parts.items() if int(v)}
 
 
 def gpu_reserve(cluster: Cluster, layout: Layout, setup: TrainSetup) -> dict[str, int]:
