@@ -42,7 +42,7 @@ from planner.timing import steptime
 from planner.core.errors import PlanInputError
 from planner.core import rules
 from planner.core.columns import (CP_COMM_TYPES, DP_ENGINES, OFFLOAD_TARGETS, LayoutColumns,
-                                  group_rows, representatives)
+                                  activity_groups, group_rows, representatives)
 from planner.memory.context import cp_working_bytes, local_seq_len
 from planner.core.spec import (
     GIB, Cluster, EngineBuffers, Frozen, Layout, ModelSpec, OffloadTarget, TrainSetup)
@@ -227,7 +227,17 @@ def cp_dominated(pairs: LayoutColumns, c: Constraints) -> np.ndarray:
 
 def enumerate_layouts(model: ModelSpec, cluster: Cluster, setup: TrainSetup,
                       c: Constraints) -> tuple[LayoutColumns, dict[str, int]]:
-    """Every valid layout as `LayoutColumns`, and {rule: combinations it removed}.
+    """Every valid layout as `LayoutColumns`, and {rule: combinations it removed}
+    (`enumerate_product` without the group key)."""
+    cols, rejected, _ = enumerate_product(model, cluster, setup, c)
+    return cols, rejected
+
+
+def enumerate_product(model: ModelSpec, cluster: Cluster, setup: TrainSetup, c: Constraints
+                      ) -> tuple[LayoutColumns, dict[str, int], np.ndarray]:
+    """Every valid layout as `LayoutColumns`, {rule: combinations it removed}, and each layout's
+    index in the product without the ZeRO / offload options (equal for layouts that differ only
+    in columns.STATE_FIELDS: `evaluate`'s `activity_key`).
 
     First the (tp, pp, dp, v, micro-batch) combinations, masked by the rule table (batch
     arithmetic, interleaving needs m divisible by pp, ...), then their product with the
@@ -276,7 +286,7 @@ def enumerate_layouts(model: ModelSpec, cluster: Cluster, setup: TrainSetup,
         offload_params=states[state, 2], dp_engine=states[state, 3], recompute=recompute[r],
         sequence_parallel=seq_par[s],
         recompute_every_k=np.ones(len(pair), dtype=np.int64))
-    return cols, rejected
+    return cols, rejected, (pair * len(recompute) + r) * len(seq_par) + s
 
 
 def enumerate_candidates(model: ModelSpec, cluster: Cluster, setup: TrainSetup,
@@ -551,14 +561,24 @@ STAGE_FIELDS = ("params", "routed", "largest", "persistent", "max_layers", "max_
 
 
 def evaluate(model: ModelSpec, cluster: Cluster, setup: TrainSetup, cands: dict[str, np.ndarray],
-             c: Constraints | None = None, efficiency: float | None = None) -> dict[str, np.ndarray]:
-    """Memory (worst stage, busiest node) and step time of every candidate, as columns."""
+             c: Constraints | None = None, efficiency: float | None = None,
+             activity_key: np.ndarray | None = None) -> dict[str, np.ndarray]:
+    """Memory (worst stage, busiest node) and step time of every candidate, as columns.
+
+    Activations and the compute terms read no ZeRO / offload / engine field: they are evaluated
+    on one candidate of each group of candidates that differ only in those fields
+    (`columns.activity_groups`; `activity_key` names the groups when the caller knows them, as
+    the enumeration does) and gathered back; states, transients and the data-parallel terms on
+    every candidate."""
     c = c or Constraints()
-    tp, pp, vs, rec, sp, b = (cands[k] for k in ("tp", "pp", "virtual_stages", "recompute", "sequence_parallel", "micro_batch"))
-    first_l, last_l = (cands[k] if k in cands else np.zeros_like(tp)
+    rows, group = activity_groups(cands, activity_key)
+    one = cands.take(rows)  # one candidate per group: what does not read the states
+    tp, pp, vs, rec, sp, b = (one[k] for k in ("tp", "pp", "virtual_stages", "recompute", "sequence_parallel", "micro_batch"))
+    first_l, last_l = (one[k] if k in one else np.zeros_like(tp)
                        for k in ("first_stage_layers", "last_stage_layers"))
-    ep = cands["ep"] if "ep" in cands else np.ones_like(tp)
-    keys, inv = _group(tp, pp, first_l, last_l, ep)
+    ep = one["ep"] if "ep" in one else np.ones_like(tp)
+    keys, inv_one = _group(tp, pp, first_l, last_l, ep)
+    inv = inv_one.take(group)
     threshold = c.buffers.param_persistence_threshold
     stage = [stage_table(model, t, p, threshold, f, la, e) for t, p, f, la, e in keys.tolist()]
     tables = {name: np.array([s[name] for s in stage], dtype=np.int64).reshape(-1, 4)
@@ -566,27 +586,30 @@ def evaluate(model: ModelSpec, cluster: Cluster, setup: TrainSetup, cands: dict[
 
     fp8 = setup.precision.fp8_scaling is not None  # fp8 scales: not linear in b, table per b
     per_b = np.where(fp8, 1, b)
-    cp = cands["cp"] if "cp" in cands else np.ones_like(tp)
-    comm = cands["cp_comm_type"] if "cp_comm_type" in cands else np.zeros_like(tp)
+    cp = one["cp"] if "cp" in one else np.ones_like(tp)
+    comm = one["cp_comm_type"] if "cp_comm_type" in one else np.zeros_like(tp)
     akeys, ainv = _group(tp, rec, sp, b // per_b, cp, comm)
     act = np.array([activation_table(model, setup, t, r, bool(s), c.flash_attention, mb, k, cc)
                     for t, r, s, mb, k, cc in akeys.tolist()], dtype=np.float64).reshape(-1, 5)
     block, dense, first_x, last_x, working = (act[:, k][ainv] for k in range(5))
-    stage_no = tables["stage"][inv]
+    stage_no = tables["stage"][inv_one]
     chunk_f, chunk_m, chunk_h, chunk_l = chunk_bytes(model, pp, vs, first_l, last_l,
-                                                     tables["layers"][inv], stage_no, block, dense)
-    kept_f, kept_l = kept_activation_bytes_b1(cands, chunk_f, first_x, last_x, chunk_l)
-    states_first, states_last, node_cpu, node_nvme, states_mid, states_heavy = model_state_columns(
-        cluster, setup, cands, keys, inv, tables, c.buffers)
+                                                     tables["layers"][inv_one], stage_no, block, dense)
+    kept_f, kept_l = kept_activation_bytes_b1(one, chunk_f, first_x, last_x, chunk_l)
     kept_f, kept_l, working = per_b * kept_f, per_b * kept_l, per_b * working
     mixed = len(params.block_kinds(model)) == 2
     middle = ((first_l > 0) | mixed) & (pp >= 3)  # a middle stage can then outgrow stage 1
-    kept_m, kept_h = (np.where(middle, per_b * kept_middle_bytes_b1(cands, ch, stage_no[:, k]), 0)
+    kept_m, kept_h = (np.where(middle, per_b * kept_middle_bytes_b1(one, ch, stage_no[:, k]), 0)
                       for ch, k in ((chunk_m, 1), (chunk_h, 2)))
     if setup.implementation != "megatron":  # not linear in b: exact per (recompute, b)
         kept_f, working = hf_activation_column(model, setup, rec, b)
         kept_l = kept_f
+    kept_f, kept_l, kept_m, kept_h, working, middle = (
+        x.take(group) for x in (kept_f, kept_l, kept_m, kept_h, working, middle))
+    states_first, states_last, node_cpu, node_nvme, states_mid, states_heavy = model_state_columns(
+        cluster, setup, cands, keys, inv, tables, c.buffers)
     stage_params = tables["params"][inv]
+    pp = cands["pp"]
 
     def stage_bytes(states, kept, kind, last):  # states + activations + the step's transients
         return states + kept + working + plan.stage_transient_column(
@@ -598,8 +621,10 @@ def evaluate(model: ModelSpec, cluster: Cluster, setup: TrainSetup, cands: dict[
     gpu_last = stage_bytes(states_last, kept_l, 3, True)
     kinds = np.stack([gpu_first, gpu_mid, gpu_heavy, gpu_last])  # the first maximum wins ties
     gpu_peak = kinds.max(axis=0)
+    cp = cands["cp"] if "cp" in cands else np.ones_like(pp)
     capacity = cluster.gpu.memory_bytes - reserve_column(
-        cluster.gpu, setup.reserve_gib, cands["tp"], cands["pp"], cands["dp"], cp)
+        cluster.gpu, setup.reserve_gib, cands["tp"], pp, cands["dp"], cp)
+    stage_no = stage_no.take(group, axis=0)
     peak_stage = np.take_along_axis(
         np.stack([np.ones_like(pp), stage_no[:, 1], stage_no[:, 2], pp]),
         kinds.argmax(axis=0)[None], axis=0)[0]
@@ -607,7 +632,8 @@ def evaluate(model: ModelSpec, cluster: Cluster, setup: TrainSetup, cands: dict[
                headroom_bytes=capacity - gpu_peak, node_cpu_bytes=node_cpu, node_nvme_bytes=node_nvme)
     out |= steptime.step_columns(model, cluster, setup, cands, tables["max_layers"][inv, 0],
                                  tables["max_params"][inv, 0], flash_attention=c.flash_attention,
-                                 buffers=c.buffers, efficiency=efficiency, stage_rows=inv)
+                                 buffers=c.buffers, efficiency=efficiency, stage_rows=inv,
+                                 activity=(rows, group))
     return out
 
 
@@ -678,13 +704,15 @@ class SweepResult(Frozen):
 
 
 def evaluate_all(model, cluster, setup, cands, c, efficiency=None,
-                 progress: Callable[[int, int], None] | None = None) -> dict[str, np.ndarray]:
+                 progress: Callable[[int, int], None] | None = None,
+                 activity_key: np.ndarray | None = None) -> dict[str, np.ndarray]:
     """`evaluate` in chunks of CHUNK candidates, calling progress(done, total) after each."""
     total = len(cands["tp"])
     parts = []
     for start in range(0, max(total, 1), CHUNK):
-        part = cands.take(slice(start, start + CHUNK))
-        parts.append(evaluate(model, cluster, setup, part, c, efficiency))
+        part = slice(start, start + CHUNK)
+        key = None if activity_key is None else activity_key[part]
+        parts.append(evaluate(model, cluster, setup, cands.take(part), c, efficiency, key))
         if progress:
             progress(min(start + CHUNK, total), total)
     if len(parts) == 1:
@@ -825,7 +853,7 @@ def sweep(model: ModelSpec, cluster: Cluster, setup: TrainSetup, constraints: Co
     rules.check_setup(model, setup)
     steptime.cluster_rates(cluster, setup, efficiency)  # input errors before any work
     check_sort(sort)
-    cands, excluded = enumerate_layouts(model, cluster, setup, c)
+    cands, excluded, activity_key = enumerate_product(model, cluster, setup, c)
     n = len(cands)
     base = dict(model=model.name, cluster=cluster.name, num_gpus=cluster.num_gpus, sort=sort,
                 evaluated=n, excluded=excluded)
@@ -833,7 +861,7 @@ def sweep(model: ModelSpec, cluster: Cluster, setup: TrainSetup, constraints: Co
         return SweepResult(**base, fitting=0, rejected_gpu=0, rejected_cpu=0, rejected_nvme=0,
                            top=[], rejected=[], empty_reason=explain_empty(model, cluster, setup, c),
                            seconds=time.perf_counter() - start)
-    cols = evaluate_all(model, cluster, setup, cands, c, efficiency, progress)
+    cols = evaluate_all(model, cluster, setup, cands, c, efficiency, progress, activity_key)
     cols |= {"opt": cands["offload_optimizer"], "par": cands["offload_params"]}  # offload codes for tie-breaking
     ok = fit_masks(cols, cluster)
     fits = ok[0] & ok[1] & ok[2]
