@@ -317,21 +317,23 @@ def stage_table(model: ModelSpec, tp: int, pp: int,
     tensor, ZeRO-3 persistent elements, layers; `max_params` per GPU with the routed experts /
     ep. A middle stage exists when pp >= 3. `first` / `last`: uneven stage layers (0 = the even
     split)."""
-    stages = params.stage_params(model, tp, pp, first=first or None, last=last or None)
+    counts = params.stage_param_counts(model, tp, pp, first=first or None, last=last or None)
     routed = experts.stage_routed_params(model, tp, pp, first or None, last or None)
     moe_blocks = experts.moe_layers_per_stage(model, pp, first or None, last or None)
-    kinds = (stages[0], *middle_kinds(stages, moe_blocks), stages[-1])
-    distinct = {s.stage: s for s in kinds}  # pp = 1 and 2 repeat a stage
+    index = list(range(pp))  # the typed records of the (at most four) stage kinds only
+    distinct = {i: params.stage_record(i, counts[i])
+                for i in (0, *middle_kinds(index, moe_blocks), pp - 1)}
+    kinds = tuple(distinct[i] for i in (0, *middle_kinds(index, moe_blocks), pp - 1))
     largest = {i: params.largest_param_numel(model, tp, i, pp) for i in distinct}
     persistent = {i: model_states.zero3_persistent_numel(model, tp, s, pp, threshold)
                   for i, s in distinct.items()}
-    per_gpu = [experts.params_per_gpu(s.total, x, ep) for s, x in zip(stages, routed)]
+    per_gpu = [experts.params_per_gpu(sum(c[1:]), x, ep) for c, x in zip(counts, routed)]
     return {
         "params": tuple(s.total for s in kinds),
         "routed": tuple(routed[s.stage] for s in kinds),
         "largest": tuple(largest[s.stage] for s in kinds),
         "persistent": tuple(persistent[s.stage] for s in kinds),
-        "max_layers": (max(s.num_layers for s in stages),) * 4,
+        "max_layers": (max(c[0] for c in counts),) * 4,
         "max_params": (max(per_gpu),) * 4,
         "block": (model_states.block_numel(model, tp),) * 4,
         "layers": tuple(s.num_layers for s in kinds),
@@ -408,10 +410,10 @@ def activation_table(model: ModelSpec, setup: TrainSetup, tp: int, rec: int, sp:
     s, b, e = local_seq_len(setup.seq_len, cp), micro_batch, setup.precision.activation_bytes
     f8 = setup.precision.fp8_scaling
     mixed = len(params.block_kinds(model)) == 2
+    block = activations.layers_kept_bytes(model, lay, s, b, e, 1, f8)
     return (
-        activations.layers_kept_bytes(model, lay, s, b, e, 1, f8),
-        activations.layer_activation_bytes(model, lay, s, b, e, f8, moe=False) if mixed
-        else activations.layers_kept_bytes(model, lay, s, b, e, 1, f8),
+        block,
+        activations.layer_activation_bytes(model, lay, s, b, e, f8, moe=False) if mixed else block,
         sum(activations.first_stage_extra_bytes(model, lay, s, b, e).values()),
         sum(activations.last_stage_extra_bytes(model, lay, s, b, e).values()),
         activations.recompute_working_bytes(model, lay, s, b, e, 1, f8)
@@ -619,15 +621,17 @@ def evaluate(model: ModelSpec, cluster: Cluster, setup: TrainSetup, cands: dict[
     gpu_mid = np.where(middle, stage_bytes(states_mid, kept_m, 1, False), 0)
     gpu_heavy = np.where(middle, stage_bytes(states_heavy, kept_h, 2, False), 0)
     gpu_last = stage_bytes(states_last, kept_l, 3, True)
-    kinds = np.stack([gpu_first, gpu_mid, gpu_heavy, gpu_last])  # the first maximum wins ties
-    gpu_peak = kinds.max(axis=0)
+    gpu_peak, peak_kind = gpu_first, np.zeros(len(pp), dtype=np.int64)
+    for kind, gpu in enumerate((gpu_mid, gpu_heavy, gpu_last), 1):  # the first maximum wins ties
+        higher = gpu > gpu_peak
+        gpu_peak, peak_kind = np.where(higher, gpu, gpu_peak), np.where(higher, kind, peak_kind)
     cp = cands["cp"] if "cp" in cands else np.ones_like(pp)
     capacity = cluster.gpu.memory_bytes - reserve_column(
         cluster.gpu, setup.reserve_gib, cands["tp"], pp, cands["dp"], cp)
     stage_no = stage_no.take(group, axis=0)
     peak_stage = np.take_along_axis(
         np.stack([np.ones_like(pp), stage_no[:, 1], stage_no[:, 2], pp]),
-        kinds.argmax(axis=0)[None], axis=0)[0]
+        peak_kind[None], axis=0)[0]
     out = dict(gpu_peak_bytes=gpu_peak, peak_stage=peak_stage,
                headroom_bytes=capacity - gpu_peak, node_cpu_bytes=node_cpu, node_nvme_bytes=node_nvme)
     out |= steptime.step_columns(model, cluster, setup, cands, tables["max_layers"][inv, 0],
@@ -762,11 +766,13 @@ def collapse_variants(cands, cols: dict[str, np.ndarray], order: np.ndarray, top
     """Walk the ranked `order` and fold each layout into the first earlier one that differs
     only in the offload placement and whose step time is within SAME_STEP_REL of it (both fit:
     the caller passes fitting rows only). Returns up to `top` (kept row, folded rows)."""
-    keys = [name for name in cands if name not in _VARIANT_FIELDS]
+    names = [name for name in cands if name not in _VARIANT_FIELDS]
+    rows = np.stack([cands[name][order] for name in names], axis=1).astype(np.int64).tolist() \
+        if len(order) else []
     kept: list[tuple[int, list[int]]] = []
     by_key: dict[tuple, int] = {}
-    for i in (int(j) for j in order):
-        key = tuple(int(cands[name][i]) for name in keys)
+    for i, row in zip((int(j) for j in order), rows):
+        key = tuple(row)
         if key in by_key:
             head, folded = kept[by_key[key]]
             if abs(cols["step_s"][i] / cols["step_s"][head] - 1) <= SAME_STEP_REL:
@@ -794,16 +800,26 @@ def overflow_reason(cols: dict[str, np.ndarray], i: int, cluster: Cluster) -> st
     return "; ".join(out)
 
 
-def _row(cands, cols, i: int, c: Constraints, cluster: Cluster, fits: bool) -> SweepRow:
+def _row(cands, cols, i: int, c: Constraints, cluster: Cluster, fits: bool,
+         variants: list[str] | None = None) -> SweepRow:
+    """The result row of candidate i. Its Layout is validated; the estimate and the row hold
+    the evaluation's own floats and ints (`model_construct`: no user input to check)."""
     est = {k: float(cols[k][i]) for k in steptime.StepEstimate.model_fields if k in cols}
-    return SweepRow(
+    return SweepRow.model_construct(
         layout=layout_at(cands, i, c),
-        estimate=steptime.StepEstimate(**est, compute_efficiency=float(cols["efficiency"][0])),
+        estimate=steptime.StepEstimate.model_construct(
+            **est, compute_efficiency=float(cols["efficiency"][0])),
         gpu_peak_bytes=int(cols["gpu_peak_bytes"][i]), peak_stage=int(cols["peak_stage"][i]),
         headroom_bytes=int(cols["headroom_bytes"][i]), node_cpu_bytes=int(cols["node_cpu_bytes"][i]),
         node_nvme_bytes=int(cols["node_nvme_bytes"][i]), fits=fits,
-        reason="" if fits else overflow_reason(cols, i, cluster),
+        reason="" if fits else overflow_reason(cols, i, cluster), variants=variants or [],
     )
+
+
+def offload_label(cands, j: int) -> str:
+    """`optimizer/params` offload targets of candidate j (a folded variant), e.g. `cpu/none`."""
+    return (f"{OFFLOAD_TARGETS[int(cands['offload_optimizer'][j])]}/"
+            f"{OFFLOAD_TARGETS[int(cands['offload_params'][j])]}")
 
 
 def fit_masks(cols: dict[str, np.ndarray], cluster: Cluster) -> tuple[np.ndarray, ...]:
@@ -876,9 +892,8 @@ def sweep(model: ModelSpec, cluster: Cluster, setup: TrainSetup, constraints: Co
     return SweepResult(
         **base, fitting=int(fits.sum()), rejected_gpu=int((~ok[0]).sum()),
         rejected_cpu=int((~ok[1]).sum()), rejected_nvme=int((~ok[2]).sum()),
-        top=[_row(cands, cols, i, c, cluster, True).model_copy(update={"variants": [
-            f"{layout_at(cands, j, c).offload_optimizer}/{layout_at(cands, j, c).offload_params}"
-            for j in folded]}) for i, folded in good],
+        top=[_row(cands, cols, i, c, cluster, True, [offload_label(cands, j) for j in folded])
+             for i, folded in good],
         rejected=[_row(cands, cols, int(i), c, cluster, False) for i in bad],
         empty_reason="" if fits.any() else _why_nothing_fits(cols, ok, cluster),
         best_without_cp=without_cp, seconds=time.perf_counter() - start,
