@@ -327,7 +327,8 @@ def stage_table(model: ModelSpec, tp: int, pp: int,
     largest = {i: params.largest_param_numel(model, tp, i, pp) for i in distinct}
     persistent = {i: model_states.zero3_persistent_numel(model, tp, s, pp, threshold)
                   for i, s in distinct.items()}
-    per_gpu = [experts.params_per_gpu(sum(c[1:]), x, ep) for c, x in zip(counts, routed)]
+    per_gpu = [experts.params_per_gpu(total, x, ep)  # once per distinct stage make-up
+               for total, x in set(zip((sum(c[1:]) for c in counts), routed))]
     return {
         "params": tuple(s.total for s in kinds),
         "routed": tuple(routed[s.stage] for s in kinds),

@@ -515,12 +515,14 @@ def _stage_rows(layers, stage_params, stage_rows, shape) -> np.ndarray:
 
 
 def state_terms(r: Rates, cols: LayoutColumns, layers, stage_params, shard_params,
-                sizes: ByteSizes, fwd_mb_s, bwd_mb_s, stage_rows=None) -> dict:
+                sizes: ByteSizes, fwd_mb_s, bwd_mb_s, stage_rows=None, activity=None) -> dict:
     """Data-parallel / ZeRO collectives, offload traffic and the optimizer step of each row,
     hidden behind the micro-batch windows of `compute_terms`; `layers`, `stage_params`,
     `shard_params`, `stage_rows` as in `StageWork`. Every DP collective is a flat NCCL ring on
     the group's real bandwidth per level (`dp_collective_s`); ZeRO-3 follows DeepSpeed's
-    per-layer, per-micro-batch schedule (`zero3_comm`)."""
+    per-layer, per-micro-batch schedule (`zero3_comm`). `activity` as in `step_terms`: the
+    collectives, which read no offload field, are then evaluated once per (group, ZeRO stage,
+    engine)."""
     node, m = r.gpus_per_node, cols["grad_accum"]
     tp, dp, zero = cols["tp"], shard_ranks(cols), cols["zero_stage"]  # dp x cp ranks
     opt_target, param_target = cols["offload_optimizer"], cols["offload_params"]
@@ -549,9 +551,17 @@ def state_terms(r: Rates, cols: LayoutColumns, layers, stage_params, shard_param
 
     engine = cols["dp_engine"] if "dp_engine" in cols else np.zeros_like(zero)
     fsdp, z3 = engine == 1, (zero == 3) & (engine != 1)
-    dp_total, dp_exposed = piecewise(shape, 2, [
-        (~(fsdp | z3), ddp_zero12), (z3, lambda rows: sharded(zero3_comm, rows)),
-        (fsdp, lambda rows: sharded(fsdp2_comm, rows, zero[rows] == 3))])
+
+    def dp_terms(rows):  # the engine's collectives on the rows `rows`
+        total, exposed = piecewise(rows.shape, 2, [
+            (~(fsdp | z3)[rows], lambda i: ddp_zero12(rows[i])),
+            (z3[rows], lambda i: sharded(zero3_comm, rows[i])),
+            (fsdp[rows], lambda i: sharded(fsdp2_comm, rows[i], zero[rows[i]] == 3))])
+        return {"total": total, "exposed": exposed}
+
+    dp_comm = dp_terms(np.arange(shape[0])) if activity is None else \
+        on_distinct(dp_terms, activity[1], zero, engine)
+    dp_total, dp_exposed = dp_comm["total"], dp_comm["exposed"]
 
     def offloading(rows):  # rows with the optimizer or the parameters off the GPU
         opt, par, sh, mb = opt_target[rows], param_target[rows], shard[rows], m[rows]
@@ -591,7 +601,8 @@ def step_terms(r: Rates, cols: LayoutColumns, work: StageWork, sizes: ByteSizes,
     shard = work.shard_params if activity is None else zero_shard_params(
         stage_params, shard_ranks(cols), cols["zero_stage"])
     return _with_step(terms | state_terms(r, cols, layers, stage_params, shard, sizes,
-                                          terms["fwd_mb_s"], terms["bwd_mb_s"], stage_rows))
+                                          terms["fwd_mb_s"], terms["bwd_mb_s"], stage_rows,
+                                          activity))
 
 
 def _with_step(terms: dict) -> dict:
