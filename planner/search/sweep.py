@@ -320,25 +320,22 @@ def stage_table(model: ModelSpec, tp: int, pp: int,
     counts = params.stage_param_counts(model, tp, pp, first=first or None, last=last or None)
     routed = experts.stage_routed_params(model, tp, pp, first or None, last or None)
     moe_blocks = experts.moe_layers_per_stage(model, pp, first or None, last or None)
-    index = list(range(pp))  # the typed records of the (at most four) stage kinds only
-    distinct = {i: params.stage_record(i, counts[i])
-                for i in (0, *middle_kinds(index, moe_blocks), pp - 1)}
-    kinds = tuple(distinct[i] for i in (0, *middle_kinds(index, moe_blocks), pp - 1))
-    largest = {i: params.largest_param_numel(model, tp, i, pp) for i in distinct}
-    persistent = {i: model_states.zero3_persistent_numel(model, tp, s, pp, threshold)
-                  for i, s in distinct.items()}
+    kinds = (0, *middle_kinds(list(range(pp)), moe_blocks), pp - 1)  # stage indices
+    largest = {i: params.largest_param_numel(model, tp, i, pp) for i in set(kinds)}
+    persistent = {i: model_states.stage_persistent_numel(model, tp, i, counts[i][0], pp, threshold)
+                  for i in set(kinds)}
     per_gpu = [experts.params_per_gpu(total, x, ep)  # once per distinct stage make-up
                for total, x in set(zip((sum(c[1:]) for c in counts), routed))]
     return {
-        "params": tuple(s.total for s in kinds),
-        "routed": tuple(routed[s.stage] for s in kinds),
-        "largest": tuple(largest[s.stage] for s in kinds),
-        "persistent": tuple(persistent[s.stage] for s in kinds),
+        "params": tuple(sum(counts[i][1:]) for i in kinds),  # layers + embedding + head
+        "routed": tuple(routed[i] for i in kinds),
+        "largest": tuple(largest[i] for i in kinds),
+        "persistent": tuple(persistent[i] for i in kinds),
         "max_layers": (max(c[0] for c in counts),) * 4,
         "max_params": (max(per_gpu),) * 4,
         "block": (model_states.block_numel(model, tp),) * 4,
-        "layers": tuple(s.num_layers for s in kinds),
-        "stage": tuple(s.stage + 1 for s in kinds),
+        "layers": tuple(counts[i][0] for i in kinds),
+        "stage": tuple(i + 1 for i in kinds),
     }
 
 
