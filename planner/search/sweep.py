@@ -42,7 +42,7 @@ from planner.timing import steptime
 from planner.core.errors import PlanInputError
 from planner.core import rules
 from planner.core.columns import (CP_COMM_TYPES, DP_ENGINES, OFFLOAD_TARGETS, LayoutColumns,
-                                  activity_groups, group_rows, representatives)
+                                  _unique_ints, activity_groups, group_rows, representatives)
 from planner.memory.context import cp_working_bytes, local_seq_len
 from planner.core.spec import (
     GIB, Cluster, EngineBuffers, Frozen, Layout, ModelSpec, OffloadTarget, TrainSetup)
@@ -523,16 +523,25 @@ def node_counts(cluster: Cluster, keys: np.ndarray) -> np.ndarray:
 
 def model_state_columns(cluster: Cluster, setup: TrainSetup, cands: LayoutColumns,
                         tp_pp: np.ndarray, tp_pp_inv: np.ndarray, tables: dict[str, np.ndarray],
-                        buffers: EngineBuffers = model_states.DEFAULT_BUFFERS):
+                        buffers: EngineBuffers = model_states.DEFAULT_BUFFERS,
+                        activity: tuple[np.ndarray, np.ndarray] | None = None):
     """(first-stage GPU, last-stage GPU, busiest node CPU, busiest node NVMe) bytes of model
     states and buffers, per candidate.
 
     These depend only on (tp, pp) (which fix dp = GPUs / (tp·pp) and the stage tables), the
     ZeRO / offload state, and whether m > 1 (the only use `state_bytes` makes of m): a few
     hundred combinations for tens of thousands of candidates. Each combination is evaluated
-    once, at one of its candidates, and the values are gathered back."""
-    keys, inv = _group(tp_pp_inv, *(cands[k] for k in ("zero_stage", "offload_optimizer",
-                                                      "offload_params", "dp_engine")), cands["grad_accum"] > 1)
+    once, at one of its candidates, and the values are gathered back. `activity`: the
+    candidates' activity groups (`evaluate`), within which (tp, pp) and m are the same."""
+    state = [cands[k] for k in ("zero_stage", "offload_optimizer", "offload_params", "dp_engine")]
+    if activity is None:
+        keys, inv = _group(tp_pp_inv, *state, cands["grad_accum"] > 1)
+    else:  # one integer key: ((tp, pp) row, m > 1) of the group, then the state codes
+        one = activity[0]
+        key = (tp_pp_inv[one] * 2 + (cands["grad_accum"][one] > 1)).take(activity[1])
+        for code, width in zip(state, (4, len(OFFLOAD_TARGETS), len(OFFLOAD_TARGETS), len(DP_ENGINES))):
+            key = key * width + code
+        keys, inv = _unique_ints(key)
     rep = _representatives(inv, len(keys))
     row = tp_pp_inv[rep]  # the (tp, pp) row of each combination
     sub = cands.take(rep)
@@ -607,7 +616,7 @@ def evaluate(model: ModelSpec, cluster: Cluster, setup: TrainSetup, cands: dict[
     kept_f, kept_l, kept_m, kept_h, working, middle = (
         x.take(group) for x in (kept_f, kept_l, kept_m, kept_h, working, middle))
     states_first, states_last, node_cpu, node_nvme, states_mid, states_heavy = model_state_columns(
-        cluster, setup, cands, keys, inv, tables, c.buffers)
+        cluster, setup, cands, keys, inv, tables, c.buffers, (rows, group))
     stage_params = tables["params"][inv]
     pp = cands["pp"]
 
@@ -623,13 +632,10 @@ def evaluate(model: ModelSpec, cluster: Cluster, setup: TrainSetup, cands: dict[
     for kind, gpu in enumerate((gpu_mid, gpu_heavy, gpu_last), 1):  # the first maximum wins ties
         higher = gpu > gpu_peak
         gpu_peak, peak_kind = np.where(higher, gpu, gpu_peak), np.where(higher, kind, peak_kind)
-    cp = cands["cp"] if "cp" in cands else np.ones_like(pp)
     capacity = cluster.gpu.memory_bytes - reserve_column(
-        cluster.gpu, setup.reserve_gib, cands["tp"], pp, cands["dp"], cp)
-    stage_no = stage_no.take(group, axis=0)
-    peak_stage = np.take_along_axis(
-        np.stack([np.ones_like(pp), stage_no[:, 1], stage_no[:, 2], pp]),
-        peak_kind[None], axis=0)[0]
+        cluster.gpu, setup.reserve_gib, tp, one["pp"], one["dp"], cp).take(group)
+    kind_stage = np.stack([np.ones_like(tp), stage_no[:, 1], stage_no[:, 2], one["pp"]], axis=1)
+    peak_stage = kind_stage[group, peak_kind]  # the stage number of each candidate's peak kind
     out = dict(gpu_peak_bytes=gpu_peak, peak_stage=peak_stage,
                headroom_bytes=capacity - gpu_peak, node_cpu_bytes=node_cpu, node_nvme_bytes=node_nvme)
     out |= steptime.step_columns(model, cluster, setup, cands, tables["max_layers"][inv, 0],

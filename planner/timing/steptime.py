@@ -534,9 +534,16 @@ def state_terms(r: Rates, cols: LayoutColumns, layers, stage_params, shard_param
     layers, stage_params, shard, dp_local, bucket, m, fwd_mb_s, bwd_mb_s = (
         np.broadcast_to(x, shape) for x in (layers, stage_params, shard_params, dp_local, bucket,
                                             m, fwd_mb_s, bwd_mb_s))
+    if activity is None:
+        keys = (_stage_rows(layers, stage_params, stage_rows, shape), dp_local, dp, zero)
+    else:  # (stage, dp_local, dp) is the same within an activity group: grouped on its rows
+        one = activity[0]
+        stage_keys = group_rows(_stage_rows(layers[one], stage_params[one],
+                                            None if stage_rows is None else stage_rows[one],
+                                            one.shape), dp_local[one], dp[one])[1]
+        keys = (stage_keys.take(activity[1]) * 4 + zero,)
     coll = on_distinct(lambda rows: collective_times(
-        r, layers, stage_params, dp_local, dp, bucket, sizes, rows),
-        _stage_rows(layers, stage_params, stage_rows, shape), dp_local, dp, zero)
+        r, layers, stage_params, dp_local, dp, bucket, sizes, rows), *keys)
     layer_comm = (coll["layer_gather_s"], coll["layer_reduce_s"], coll["prefetch"])
 
     def ddp_zero12(rows):
