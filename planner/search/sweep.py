@@ -42,8 +42,7 @@ from planner.timing import steptime
 from planner.core.errors import PlanInputError
 from planner.core import rules
 from planner.core.columns import (CP_COMM_TYPES, DP_ENGINES, OFFLOAD_TARGETS, LayoutColumns,
-                                  _unique_ints, activity_groups, group_rows, on_distinct,
-                                  representatives)
+                                  _unique_ints, activity_groups, group_rows, representatives)
 from planner.memory.context import cp_working_bytes, local_seq_len
 from planner.core.spec import (
     GIB, Cluster, EngineBuffers, Frozen, Layout, ModelSpec, OffloadTarget, TrainSetup)
@@ -618,24 +617,17 @@ def evaluate(model: ModelSpec, cluster: Cluster, setup: TrainSetup, cands: dict[
         x.take(group) for x in (kept_f, kept_l, kept_m, kept_h, working, middle))
     states_first, states_last, node_cpu, node_nvme, states_mid, states_heavy = model_state_columns(
         cluster, setup, cands, keys, inv, tables, c.buffers, (rows, group))
-    stage_params = tables["params"][inv_one]  # per activity group
+    stage_params = tables["params"][inv]
     pp = cands["pp"]
-    kinds = ((kept_f, pp == 1), (kept_m, False), (kept_h, False), (kept_l, True))  # (kept, last)
 
-    def transients(at):  # the step's transients of each stage kind on the candidates `at`
-        sub = cands.take(at)
-        return {kind: plan.stage_transient_column(
-                    model, setup, sub, stage_params[group[at], kind], kept[at], working[at],
-                    last if np.ndim(last) == 0 else last[at])
-                for kind, (kept, last) in enumerate(kinds)}
+    def stage_bytes(states, kept, kind, last):  # states + activations + the step's transients
+        return states + kept + working + plan.stage_transient_column(
+            model, setup, cands, stage_params[:, kind], kept, working, last)
 
-    # of the states they read the ZeRO stage, the engine and whether the optimizer is offloaded
-    trans = on_distinct(transients, group, cands["zero_stage"], cands["dp_engine"],
-                        cands["offload_optimizer"] > 0)
-    gpu_first = states_first + kept_f + working + trans[0]  # states + activations + transients
-    gpu_mid = np.where(middle, states_mid + kept_m + working + trans[1], 0)
-    gpu_heavy = np.where(middle, states_heavy + kept_h + working + trans[2], 0)
-    gpu_last = states_last + kept_l + working + trans[3]
+    gpu_first = stage_bytes(states_first, kept_f, 0, pp == 1)
+    gpu_mid = np.where(middle, stage_bytes(states_mid, kept_m, 1, False), 0)
+    gpu_heavy = np.where(middle, stage_bytes(states_heavy, kept_h, 2, False), 0)
+    gpu_last = stage_bytes(states_last, kept_l, 3, True)
     gpu_peak, peak_kind = gpu_first, np.zeros(len(pp), dtype=np.int64)
     for kind, gpu in enumerate((gpu_mid, gpu_heavy, gpu_last), 1):  # the first maximum wins ties
         higher = gpu > gpu_peak
