@@ -42,7 +42,8 @@ from planner.timing import steptime
 from planner.core.errors import PlanInputError
 from planner.core import rules
 from planner.core.columns import (CP_COMM_TYPES, DP_ENGINES, OFFLOAD_TARGETS, LayoutColumns,
-                                  _unique_ints, activity_groups, group_rows, representatives)
+                                  _unique_ints, activity_groups, group_rows, piecewise,
+                                  representatives)
 from planner.memory.context import cp_working_bytes, local_seq_len
 from planner.core.spec import (
     GIB, Cluster, EngineBuffers, Frozen, Layout, ModelSpec, OffloadTarget, TrainSetup)
@@ -624,9 +625,14 @@ def evaluate(model: ModelSpec, cluster: Cluster, setup: TrainSetup, cands: dict[
         return states + kept + working + plan.stage_transient_column(
             model, setup, cands, stage_params[:, kind], kept, working, last)
 
+    def middle_bytes(at):  # the two middle kinds, on the candidates `at` whose middle can peak
+        sub = cands.take(at)
+        return [states[at] + kept[at] + working[at] + plan.stage_transient_column(
+                    model, setup, sub, stage_params[at, kind], kept[at], working[at], False)
+                for states, kept, kind in ((states_mid, kept_m, 1), (states_heavy, kept_h, 2))]
+
     gpu_first = stage_bytes(states_first, kept_f, 0, pp == 1)
-    gpu_mid = np.where(middle, stage_bytes(states_mid, kept_m, 1, False), 0)
-    gpu_heavy = np.where(middle, stage_bytes(states_heavy, kept_h, 2, False), 0)
+    gpu_mid, gpu_heavy = piecewise(pp.shape, 2, [(middle, middle_bytes)])  # 0 elsewhere
     gpu_last = stage_bytes(states_last, kept_l, 3, True)
     gpu_peak, peak_kind = gpu_first, np.zeros(len(pp), dtype=np.int64)
     for kind, gpu in enumerate((gpu_mid, gpu_heavy, gpu_last), 1):  # the first maximum wins ties
