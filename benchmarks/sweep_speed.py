@@ -9,6 +9,11 @@ Cases (full search space, no constraints):
 In-process figures are the least CPU time over the repetitions; every repetition is a cold
 sweep(): the planner's functools caches are cleared before it (`clear_caches`), so no
 repetition reuses work of an earlier one that a single CLI invocation would not have.
+The 40x tiled evaluation repeats every candidate 40 times with its enumeration group key
+(`sweep.enumerate_product`): the copies share their activity groups, so it measures the
+per-candidate numpy cost of the state-dependent part plus the grouped part once.
+Also printed: `zplan fit` without a layout in process (`strategies.strategy_minimums` and
+`sweep.best_layout`, the two searches `fitting.fit_search` runs), cold, CPU time.
 """
 
 from __future__ import annotations
@@ -31,7 +36,7 @@ sys.path.insert(0, str(ROOT))
 import numpy as np  # noqa: E402
 
 from planner.io import loading  # noqa: E402
-from planner.search import sweep  # noqa: E402
+from planner.search import strategies, sweep  # noqa: E402
 from planner.io.jobfile import make_setup  # noqa: E402
 
 CASES = [("gpt3-175b", 1024, 1536), ("gpt-1t", 3072, 3072)]
@@ -46,9 +51,10 @@ def clear_caches() -> None:
     `planner.io.loading` keeps its file cache: the model and cluster are loaded before timing."""
     from planner.memory import activations, model_states
     from planner.core import flops, params
+    from planner.search import strategies
     from planner.timing import steptime
 
-    for module in (sweep, params, model_states, activations, flops, steptime):
+    for module in (sweep, strategies, params, model_states, activations, flops, steptime):
         for value in vars(module).values():
             if callable(getattr(value, "cache_clear", None)):
                 value.cache_clear()
@@ -72,18 +78,24 @@ def in_process(model_name: str, gpus: int, batch: int) -> None:
     cluster = loading.cluster_for_gpus("a100-80gb", gpus)
     setup = make_setup(2048, batch, 300e9)
     c = sweep.Constraints()
-    cands = sweep.enumerate_candidates(model, cluster, setup, c)
+    cands, _, key = sweep.enumerate_product(model, cluster, setup, c)
     n = len(cands)
-    t_enum = _best_of(lambda: sweep.enumerate_candidates(model, cluster, setup, c))
-    t_eval = _best_of(lambda: sweep.evaluate(model, cluster, setup, cands, c))
+    t_enum = _best_of(lambda: sweep.enumerate_product(model, cluster, setup, c))
+    t_eval = _best_of(lambda: sweep.evaluate(model, cluster, setup, cands, c, activity_key=key))
     t_sweep = _best_of(lambda: sweep.sweep(model, cluster, setup, c))
     tiled = cands.take(np.tile(np.arange(n), 40))  # per-candidate (numpy) cost
-    t_tiled = _best_of(lambda: sweep.evaluate(model, cluster, setup, tiled, c), 3)
+    key40 = np.tile(key, 40)
+    t_tiled = _best_of(lambda: sweep.evaluate(model, cluster, setup, tiled, c,
+                                              activity_key=key40), 3)
     print(f"{model_name} on {gpus} x a100-80gb, global batch {batch}: {n:,} layouts")
     print(f"  enumerate {t_enum * 1e3:7.1f} ms   evaluate {t_eval * 1e3:7.1f} ms   "
           f"sweep() (enumerate + evaluate + rank) {t_sweep * 1e3:7.1f} ms")
     print(f"  layouts/s, whole sweep() on one core (CPU time): {n / t_sweep:12,.0f}")
     print(f"  layouts/s, evaluation of {40 * n:,} candidates (CPU time): {40 * n / t_tiled:12,.0f}")
+    t_strat = _best_of(lambda: strategies.strategy_minimums(model, cluster, setup), 5)
+    t_best = _best_of(lambda: sweep.best_layout(model, cluster, setup), 5)
+    print(f"  zplan fit without a layout, in process: strategy minimums {t_strat * 1e3:6.1f} ms, "
+          f"best layout {t_best * 1e3:6.1f} ms")
 
 
 def cli(model_name: str, gpus: int, batch: int) -> None:

@@ -149,3 +149,70 @@ def test_on_distinct_and_piecewise_equal_the_direct_evaluation():
                                       (a == 3, lambda rows: (x[rows] * 3, 7.0))])
     np.testing.assert_array_equal(one, np.where(a == 0, x * 2, np.where(a == 3, x * 3, 0.0)))
     np.testing.assert_array_equal(two, np.where(a == 0, x + 1, np.where(a == 3, 7.0, 0.0)))
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_evaluation_by_enumeration_groups_equals_the_one_row_references(case):
+    """`sweep.evaluate` with the enumeration's group key (`enumerate_product`: candidates that
+    differ only in ZeRO / offload / engine share it, and their activations and compute terms
+    are evaluated once) on every candidate of a dozen groups, shuffled: each row to the byte
+    against plan_memory and to 1e-12 against estimate_step."""
+    model, cluster, setup, c = _load(case)
+    cands, _, key = sweep.enumerate_product(model, cluster, setup, c)
+    rng = np.random.default_rng(11)
+    chosen = rng.choice(np.unique(key), size=min(12, len(np.unique(key))), replace=False)
+    order = rng.permutation(np.flatnonzero(np.isin(key, chosen)))
+    assert len(order) > len(chosen)  # groups of several candidates
+    rows = cands.take(order)
+    cols = sweep.evaluate(model, cluster, setup, rows, c, activity_key=key[order])
+    for i in range(0, len(order), max(1, len(order) // 40)):
+        layout = sweep.layout_at(rows, i, c)
+        mem = plan.plan_memory(model, cluster, layout, setup)
+        assert int(cols["gpu_peak_bytes"][i]) == max(s.total_bytes for s in mem.stages), layout
+        assert int(cols["headroom_bytes"][i]) == mem.peak_stage.headroom_bytes, layout
+        assert int(cols["node_cpu_bytes"][i]) == mem.node.cpu_bytes, layout
+        assert int(cols["node_nvme_bytes"][i]) == mem.node.nvme_bytes, layout
+        _check_step(cols, i, steptime.estimate_step(model, cluster, layout, setup), layout)
+
+
+STATE_VARIANTS = [dict(zero_stage=0), dict(zero_stage=1, offload_optimizer="cpu"),
+                  dict(zero_stage=2, dp_engine="fsdp2"),
+                  dict(zero_stage=3, offload_optimizer="cpu", offload_params="cpu"),
+                  dict(zero_stage=3, dp_engine="fsdp2"), dict(zero_stage=3)]
+"""ZeRO / offload / engine settings given to one layout (those the activity groups ignore)."""
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_step_columns_by_activity_groups_equals_estimate_step(case):
+    """`step_columns` with `activity` (its compute terms once per group of rows that differ only
+    in ZeRO / offload / engine, groups found by `columns.activity_groups` from the columns) on
+    mixed layouts, each in several state variants, shuffled: each row equals `estimate_step`."""
+    from pydantic import ValidationError
+
+    from planner.core.columns import activity_groups
+    from planner.core.spec import Layout
+
+    model, cluster, setup, c = _load(case)
+    cands = sweep.enumerate_candidates(model, cluster, setup, c)
+    layouts = []
+    for lay in _mixed_layouts(model, cands, c, 25, seed=3 + len(case[0])):
+        for update in STATE_VARIANTS:
+            fields = lay.model_dump() | {"offload_optimizer": "none", "offload_params": "none",
+                                         "dp_engine": "deepspeed"} | update
+            if fields["ep"] > 1 and fields["dp_engine"] == "fsdp2":
+                continue
+            try:
+                layouts.append(Layout(**fields))
+            except (ValidationError, PlanInputError):
+                continue
+    random.Random(5).shuffle(layouts)
+    shapes = [steptime.stage_layers_and_params(model, lay.tp, lay.pp, lay.first_stage_layers,
+                                               lay.last_stage_layers, lay.ep) for lay in layouts]
+    cols = LayoutColumns.from_layouts(layouts)
+    groups = activity_groups(cols)
+    assert len(groups[0]) < len(layouts)  # layouts share groups
+    out = steptime.step_columns(
+        model, cluster, setup, cols, np.array([s[0] for s in shapes]),
+        np.array([s[1] for s in shapes]), flash_attention=c.flash_attention, activity=groups)
+    for i, lay in enumerate(layouts):
+        _check_step(out, i, steptime.estimate_step(model, cluster, lay, setup), lay)

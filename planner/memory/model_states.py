@@ -256,13 +256,20 @@ def zero3_persistent_numel(model: ModelSpec, tp: int, stage: StageParams, pp: in
     stage3_param_persistence_threshold elements (`param.ds_numel <= param_threshold`,
     parameter_offload.py mark_persistent_parameters; 1e5 by default: norms, most biases) of this
     stage's blocks, plus the embedding norm (first stage), final norm and pooler bias (last)."""
+    return stage_persistent_numel(model, tp, stage.stage, stage.num_layers, pp, threshold)
+
+
+def stage_persistent_numel(model: ModelSpec, tp: int, stage: int, num_layers: int, pp: int,
+                           threshold: int = DEFAULT_BUFFERS.param_persistence_threshold) -> int:
+    """`zero3_persistent_numel` of stage `stage` (0-based) holding `num_layers` blocks, from
+    plain ints (the sweep's stage tables build no typed record)."""
     small = sum(n for _, n in layer_tensors_per_rank(model, tp) if n <= threshold)
     norm = norm_params(model) if model.hidden_size <= threshold else 0  # weight (+ bias) of h each
-    extra = norm if stage.stage == 0 and model.embedding_norm else 0
-    last = stage.stage == pp - 1
+    extra = norm if stage == 0 and model.embedding_norm else 0
+    last = stage == pp - 1
     extra += norm if last and model.final_norm else 0
     extra += model.hidden_size if last and model.pooler and model.hidden_size <= threshold else 0
-    return stage.num_layers * small + extra
+    return num_layers * small + extra
 
 
 def buffer_parts(stage_numel, largest_numel, persistent_numel, cols: LayoutColumns,

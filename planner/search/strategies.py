@@ -11,6 +11,7 @@ fill the 1F1B pipeline; so it is exactly as strict as `zplan fit` for that layou
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -87,18 +88,14 @@ def _fits_many(model: ModelSpec, cluster: Cluster, base: Layout, setup: TrainSet
     per_node = np.minimum(counts, cluster.node.gpus_per_node)
     cols = LayoutColumns.from_layout(base).take(np.zeros(len(dps), dtype=np.int64))
     cols = cols.with_columns(dp=dps)
-    stages = params.stage_params(model, base.tp, base.pp)
-    acts = activations.stage_activations(model, base, setup, [s.num_layers for s in stages])
     prec, opt, node = setup.precision, setup.optimizer, cluster.node
     fits = np.ones(len(dps), dtype=bool)
     capacity = cluster.gpu.memory_bytes - reserve_column(
         cluster.gpu, setup.reserve_gib, cols["tp"], cols["pp"], cols["dp"])
     host = []
     seen: dict[tuple[int, int, int], tuple] = {}  # equal stages (the middle ones) once
-    for sp, act in zip(stages, acts, strict=True):
-        largest = params.largest_param_numel(model, base.tp, sp.stage, base.pp)
-        persistent = model_states.zero3_persistent_numel(
-            model, base.tp, sp, base.pp, base.buffers.param_persistence_threshold)
+    transient: dict[tuple, np.ndarray] = {}  # and their equal transients
+    for sp, act, largest, persistent in _stage_facts(model, base, setup):
         key = (sp.total, largest, persistent)
         if key not in seen:
             P = np.full(len(dps), sp.total, dtype=np.int64)
@@ -109,9 +106,11 @@ def _fits_many(model: ModelSpec, cluster: Cluster, base: Layout, setup: TrainSet
                           model_states.parts_total(states.nvme, P)))
         gpu, stage_host = seen[key]
         kept = act.total_bytes - act.recompute_working_bytes - act.cp_working_bytes
-        transients = stage_transient_column(  # the plan's peak (memory.peak)
-            model, setup, cols, sp.total, kept, act.recompute_working_bytes + act.cp_working_bytes,
-            last=sp.stage == base.pp - 1)
+        working, last = act.recompute_working_bytes + act.cp_working_bytes, sp.stage == base.pp - 1
+        if (sp.total, kept, working, last) not in transient:
+            transient[sp.total, kept, working, last] = stage_transient_column(  # memory.peak
+                model, setup, cols, sp.total, kept, working, last=last)
+        transients = transient[sp.total, kept, working, last]
         fits &= gpu + act.total_bytes + transients <= capacity
         host.append(stage_host)
     if base.pp > 1 and any(np.any(c) or np.any(n) for c, n in host):
@@ -120,6 +119,20 @@ def _fits_many(model: ModelSpec, cluster: Cluster, base: Layout, setup: TrainSet
     cpu, nvme = host[0]
     cpu_cap, nvme_cap = _host_capacity(cluster, counts)
     return fits & (per_node * cpu <= cpu_cap) & (per_node * nvme <= nvme_cap)
+
+
+@functools.lru_cache(maxsize=256)
+def _stage_facts(model: ModelSpec, base: Layout, setup: TrainSetup) -> tuple[tuple, ...]:
+    """(parameters, activations, largest tensor, ZeRO-3 persistent elements) of each pipeline
+    stage of `base`: none depends on dp, and `_min_dp` asks `_fits_many` about several dp lists
+    of one base."""
+    stages = params.stage_params(model, base.tp, base.pp)
+    acts = activations.stage_activations(model, base, setup, [s.num_layers for s in stages])
+    return tuple(
+        (sp, act, params.largest_param_numel(model, base.tp, sp.stage, base.pp),
+         model_states.zero3_persistent_numel(model, base.tp, sp, base.pp,
+                                             base.buffers.param_persistence_threshold))
+        for sp, act in zip(stages, acts, strict=True))
 
 
 def _host_capacity(cluster: Cluster, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

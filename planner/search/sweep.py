@@ -42,7 +42,8 @@ from planner.timing import steptime
 from planner.core.errors import PlanInputError
 from planner.core import rules
 from planner.core.columns import (CP_COMM_TYPES, DP_ENGINES, OFFLOAD_TARGETS, LayoutColumns,
-                                  group_rows, representatives)
+                                  _unique_ints, activity_groups, group_rows, piecewise,
+                                  representatives)
 from planner.memory.context import cp_working_bytes, local_seq_len
 from planner.core.spec import (
     GIB, Cluster, EngineBuffers, Frozen, Layout, ModelSpec, OffloadTarget, TrainSetup)
@@ -227,7 +228,17 @@ def cp_dominated(pairs: LayoutColumns, c: Constraints) -> np.ndarray:
 
 def enumerate_layouts(model: ModelSpec, cluster: Cluster, setup: TrainSetup,
                       c: Constraints) -> tuple[LayoutColumns, dict[str, int]]:
-    """Every valid layout as `LayoutColumns`, and {rule: combinations it removed}.
+    """Every valid layout as `LayoutColumns`, and {rule: combinations it removed}
+    (`enumerate_product` without the group key)."""
+    cols, rejected, _ = enumerate_product(model, cluster, setup, c)
+    return cols, rejected
+
+
+def enumerate_product(model: ModelSpec, cluster: Cluster, setup: TrainSetup, c: Constraints
+                      ) -> tuple[LayoutColumns, dict[str, int], np.ndarray]:
+    """Every valid layout as `LayoutColumns`, {rule: combinations it removed}, and each layout's
+    index in the product without the ZeRO / offload options (equal for layouts that differ only
+    in columns.STATE_FIELDS: `evaluate`'s `activity_key`).
 
     First the (tp, pp, dp, v, micro-batch) combinations, masked by the rule table (batch
     arithmetic, interleaving needs m divisible by pp, ...), then their product with the
@@ -276,7 +287,7 @@ def enumerate_layouts(model: ModelSpec, cluster: Cluster, setup: TrainSetup,
         offload_params=states[state, 2], dp_engine=states[state, 3], recompute=recompute[r],
         sequence_parallel=seq_par[s],
         recompute_every_k=np.ones(len(pair), dtype=np.int64))
-    return cols, rejected
+    return cols, rejected, (pair * len(recompute) + r) * len(seq_par) + s
 
 
 def enumerate_candidates(model: ModelSpec, cluster: Cluster, setup: TrainSetup,
@@ -307,25 +318,25 @@ def stage_table(model: ModelSpec, tp: int, pp: int,
     tensor, ZeRO-3 persistent elements, layers; `max_params` per GPU with the routed experts /
     ep. A middle stage exists when pp >= 3. `first` / `last`: uneven stage layers (0 = the even
     split)."""
-    stages = params.stage_params(model, tp, pp, first=first or None, last=last or None)
+    counts = params.stage_param_counts(model, tp, pp, first=first or None, last=last or None)
     routed = experts.stage_routed_params(model, tp, pp, first or None, last or None)
     moe_blocks = experts.moe_layers_per_stage(model, pp, first or None, last or None)
-    kinds = (stages[0], *middle_kinds(stages, moe_blocks), stages[-1])
-    distinct = {s.stage: s for s in kinds}  # pp = 1 and 2 repeat a stage
-    largest = {i: params.largest_param_numel(model, tp, i, pp) for i in distinct}
-    persistent = {i: model_states.zero3_persistent_numel(model, tp, s, pp, threshold)
-                  for i, s in distinct.items()}
-    per_gpu = [experts.params_per_gpu(s.total, x, ep) for s, x in zip(stages, routed)]
+    kinds = (0, *middle_kinds(list(range(pp)), moe_blocks), pp - 1)  # stage indices
+    largest = {i: params.largest_param_numel(model, tp, i, pp) for i in set(kinds)}
+    persistent = {i: model_states.stage_persistent_numel(model, tp, i, counts[i][0], pp, threshold)
+                  for i in set(kinds)}
+    per_gpu = [experts.params_per_gpu(total, x, ep)  # once per distinct stage make-up
+               for total, x in set(zip((sum(c[1:]) for c in counts), routed))]
     return {
-        "params": tuple(s.total for s in kinds),
-        "routed": tuple(routed[s.stage] for s in kinds),
-        "largest": tuple(largest[s.stage] for s in kinds),
-        "persistent": tuple(persistent[s.stage] for s in kinds),
-        "max_layers": (max(s.num_layers for s in stages),) * 4,
+        "params": tuple(sum(counts[i][1:]) for i in kinds),  # layers + embedding + head
+        "routed": tuple(routed[i] for i in kinds),
+        "largest": tuple(largest[i] for i in kinds),
+        "persistent": tuple(persistent[i] for i in kinds),
+        "max_layers": (max(c[0] for c in counts),) * 4,
         "max_params": (max(per_gpu),) * 4,
         "block": (model_states.block_numel(model, tp),) * 4,
-        "layers": tuple(s.num_layers for s in kinds),
-        "stage": tuple(s.stage + 1 for s in kinds),
+        "layers": tuple(counts[i][0] for i in kinds),
+        "stage": tuple(i + 1 for i in kinds),
     }
 
 
@@ -398,10 +409,10 @@ def activation_table(model: ModelSpec, setup: TrainSetup, tp: int, rec: int, sp:
     s, b, e = local_seq_len(setup.seq_len, cp), micro_batch, setup.precision.activation_bytes
     f8 = setup.precision.fp8_scaling
     mixed = len(params.block_kinds(model)) == 2
+    block = activations.layers_kept_bytes(model, lay, s, b, e, 1, f8)
     return (
-        activations.layers_kept_bytes(model, lay, s, b, e, 1, f8),
-        activations.layer_activation_bytes(model, lay, s, b, e, f8, moe=False) if mixed
-        else activations.layers_kept_bytes(model, lay, s, b, e, 1, f8),
+        block,
+        activations.layer_activation_bytes(model, lay, s, b, e, f8, moe=False) if mixed else block,
         sum(activations.first_stage_extra_bytes(model, lay, s, b, e).values()),
         sum(activations.last_stage_extra_bytes(model, lay, s, b, e).values()),
         activations.recompute_working_bytes(model, lay, s, b, e, 1, f8)
@@ -513,16 +524,25 @@ def node_counts(cluster: Cluster, keys: np.ndarray) -> np.ndarray:
 
 def model_state_columns(cluster: Cluster, setup: TrainSetup, cands: LayoutColumns,
                         tp_pp: np.ndarray, tp_pp_inv: np.ndarray, tables: dict[str, np.ndarray],
-                        buffers: EngineBuffers = model_states.DEFAULT_BUFFERS):
+                        buffers: EngineBuffers = model_states.DEFAULT_BUFFERS,
+                        activity: tuple[np.ndarray, np.ndarray] | None = None):
     """(first-stage GPU, last-stage GPU, busiest node CPU, busiest node NVMe) bytes of model
     states and buffers, per candidate.
 
     These depend only on (tp, pp) (which fix dp = GPUs / (tp·pp) and the stage tables), the
     ZeRO / offload state, and whether m > 1 (the only use `state_bytes` makes of m): a few
     hundred combinations for tens of thousands of candidates. Each combination is evaluated
-    once, at one of its candidates, and the values are gathered back."""
-    keys, inv = _group(tp_pp_inv, *(cands[k] for k in ("zero_stage", "offload_optimizer",
-                                                      "offload_params", "dp_engine")), cands["grad_accum"] > 1)
+    once, at one of its candidates, and the values are gathered back. `activity`: the
+    candidates' activity groups (`evaluate`), within which (tp, pp) and m are the same."""
+    state = [cands[k] for k in ("zero_stage", "offload_optimizer", "offload_params", "dp_engine")]
+    if activity is None:
+        keys, inv = _group(tp_pp_inv, *state, cands["grad_accum"] > 1)
+    else:  # one integer key: ((tp, pp) row, m > 1) of the group, then the state codes
+        one = activity[0]
+        key = (tp_pp_inv[one] * 2 + (cands["grad_accum"][one] > 1)).take(activity[1])
+        for code, width in zip(state, (4, len(OFFLOAD_TARGETS), len(OFFLOAD_TARGETS), len(DP_ENGINES))):
+            key = key * width + code
+        keys, inv = _unique_ints(key)
     rep = _representatives(inv, len(keys))
     row = tp_pp_inv[rep]  # the (tp, pp) row of each combination
     sub = cands.take(rep)
@@ -551,14 +571,24 @@ STAGE_FIELDS = ("params", "routed", "largest", "persistent", "max_layers", "max_
 
 
 def evaluate(model: ModelSpec, cluster: Cluster, setup: TrainSetup, cands: dict[str, np.ndarray],
-             c: Constraints | None = None, efficiency: float | None = None) -> dict[str, np.ndarray]:
-    """Memory (worst stage, busiest node) and step time of every candidate, as columns."""
+             c: Constraints | None = None, efficiency: float | None = None,
+             activity_key: np.ndarray | None = None) -> dict[str, np.ndarray]:
+    """Memory (worst stage, busiest node) and step time of every candidate, as columns.
+
+    Activations and the compute terms read no ZeRO / offload / engine field: they are evaluated
+    on one candidate of each group of candidates that differ only in those fields
+    (`columns.activity_groups`; `activity_key` names the groups when the caller knows them, as
+    the enumeration does) and gathered back; states, transients and the data-parallel terms on
+    every candidate."""
     c = c or Constraints()
-    tp, pp, vs, rec, sp, b = (cands[k] for k in ("tp", "pp", "virtual_stages", "recompute", "sequence_parallel", "micro_batch"))
-    first_l, last_l = (cands[k] if k in cands else np.zeros_like(tp)
+    rows, group = activity_groups(cands, activity_key)
+    one = cands.take(rows)  # one candidate per group: what does not read the states
+    tp, pp, vs, rec, sp, b = (one[k] for k in ("tp", "pp", "virtual_stages", "recompute", "sequence_parallel", "micro_batch"))
+    first_l, last_l = (one[k] if k in one else np.zeros_like(tp)
                        for k in ("first_stage_layers", "last_stage_layers"))
-    ep = cands["ep"] if "ep" in cands else np.ones_like(tp)
-    keys, inv = _group(tp, pp, first_l, last_l, ep)
+    ep = one["ep"] if "ep" in one else np.ones_like(tp)
+    keys, inv_one = _group(tp, pp, first_l, last_l, ep)
+    inv = inv_one.take(group)
     threshold = c.buffers.param_persistence_threshold
     stage = [stage_table(model, t, p, threshold, f, la, e) for t, p, f, la, e in keys.tolist()]
     tables = {name: np.array([s[name] for s in stage], dtype=np.int64).reshape(-1, 4)
@@ -566,48 +596,58 @@ def evaluate(model: ModelSpec, cluster: Cluster, setup: TrainSetup, cands: dict[
 
     fp8 = setup.precision.fp8_scaling is not None  # fp8 scales: not linear in b, table per b
     per_b = np.where(fp8, 1, b)
-    cp = cands["cp"] if "cp" in cands else np.ones_like(tp)
-    comm = cands["cp_comm_type"] if "cp_comm_type" in cands else np.zeros_like(tp)
+    cp = one["cp"] if "cp" in one else np.ones_like(tp)
+    comm = one["cp_comm_type"] if "cp_comm_type" in one else np.zeros_like(tp)
     akeys, ainv = _group(tp, rec, sp, b // per_b, cp, comm)
     act = np.array([activation_table(model, setup, t, r, bool(s), c.flash_attention, mb, k, cc)
                     for t, r, s, mb, k, cc in akeys.tolist()], dtype=np.float64).reshape(-1, 5)
     block, dense, first_x, last_x, working = (act[:, k][ainv] for k in range(5))
-    stage_no = tables["stage"][inv]
+    stage_no = tables["stage"][inv_one]
     chunk_f, chunk_m, chunk_h, chunk_l = chunk_bytes(model, pp, vs, first_l, last_l,
-                                                     tables["layers"][inv], stage_no, block, dense)
-    kept_f, kept_l = kept_activation_bytes_b1(cands, chunk_f, first_x, last_x, chunk_l)
-    states_first, states_last, node_cpu, node_nvme, states_mid, states_heavy = model_state_columns(
-        cluster, setup, cands, keys, inv, tables, c.buffers)
+                                                     tables["layers"][inv_one], stage_no, block, dense)
+    kept_f, kept_l = kept_activation_bytes_b1(one, chunk_f, first_x, last_x, chunk_l)
     kept_f, kept_l, working = per_b * kept_f, per_b * kept_l, per_b * working
     mixed = len(params.block_kinds(model)) == 2
     middle = ((first_l > 0) | mixed) & (pp >= 3)  # a middle stage can then outgrow stage 1
-    kept_m, kept_h = (np.where(middle, per_b * kept_middle_bytes_b1(cands, ch, stage_no[:, k]), 0)
+    kept_m, kept_h = (np.where(middle, per_b * kept_middle_bytes_b1(one, ch, stage_no[:, k]), 0)
                       for ch, k in ((chunk_m, 1), (chunk_h, 2)))
     if setup.implementation != "megatron":  # not linear in b: exact per (recompute, b)
         kept_f, working = hf_activation_column(model, setup, rec, b)
         kept_l = kept_f
+    kept_f, kept_l, kept_m, kept_h, working, middle = (
+        x.take(group) for x in (kept_f, kept_l, kept_m, kept_h, working, middle))
+    states_first, states_last, node_cpu, node_nvme, states_mid, states_heavy = model_state_columns(
+        cluster, setup, cands, keys, inv, tables, c.buffers, (rows, group))
     stage_params = tables["params"][inv]
+    pp = cands["pp"]
 
     def stage_bytes(states, kept, kind, last):  # states + activations + the step's transients
         return states + kept + working + plan.stage_transient_column(
             model, setup, cands, stage_params[:, kind], kept, working, last)
 
+    def middle_bytes(at):  # the two middle kinds, on the candidates `at` whose middle can peak
+        sub = cands.take(at)
+        return [states[at] + kept[at] + working[at] + plan.stage_transient_column(
+                    model, setup, sub, stage_params[at, kind], kept[at], working[at], False)
+                for states, kept, kind in ((states_mid, kept_m, 1), (states_heavy, kept_h, 2))]
+
     gpu_first = stage_bytes(states_first, kept_f, 0, pp == 1)
-    gpu_mid = np.where(middle, stage_bytes(states_mid, kept_m, 1, False), 0)
-    gpu_heavy = np.where(middle, stage_bytes(states_heavy, kept_h, 2, False), 0)
+    gpu_mid, gpu_heavy = piecewise(pp.shape, 2, [(middle, middle_bytes)])  # 0 elsewhere
     gpu_last = stage_bytes(states_last, kept_l, 3, True)
-    kinds = np.stack([gpu_first, gpu_mid, gpu_heavy, gpu_last])  # the first maximum wins ties
-    gpu_peak = kinds.max(axis=0)
+    gpu_peak, peak_kind = gpu_first, np.zeros(len(pp), dtype=np.int64)
+    for kind, gpu in enumerate((gpu_mid, gpu_heavy, gpu_last), 1):  # the first maximum wins ties
+        higher = gpu > gpu_peak
+        gpu_peak, peak_kind = np.where(higher, gpu, gpu_peak), np.where(higher, kind, peak_kind)
     capacity = cluster.gpu.memory_bytes - reserve_column(
-        cluster.gpu, setup.reserve_gib, cands["tp"], cands["pp"], cands["dp"], cp)
-    peak_stage = np.take_along_axis(
-        np.stack([np.ones_like(pp), stage_no[:, 1], stage_no[:, 2], pp]),
-        kinds.argmax(axis=0)[None], axis=0)[0]
+        cluster.gpu, setup.reserve_gib, tp, one["pp"], one["dp"], cp).take(group)
+    kind_stage = np.stack([np.ones_like(tp), stage_no[:, 1], stage_no[:, 2], one["pp"]], axis=1)
+    peak_stage = kind_stage[group, peak_kind]  # the stage number of each candidate's peak kind
     out = dict(gpu_peak_bytes=gpu_peak, peak_stage=peak_stage,
                headroom_bytes=capacity - gpu_peak, node_cpu_bytes=node_cpu, node_nvme_bytes=node_nvme)
     out |= steptime.step_columns(model, cluster, setup, cands, tables["max_layers"][inv, 0],
                                  tables["max_params"][inv, 0], flash_attention=c.flash_attention,
-                                 buffers=c.buffers, efficiency=efficiency, stage_rows=inv)
+                                 buffers=c.buffers, efficiency=efficiency, stage_rows=inv,
+                                 activity=(rows, group))
     return out
 
 
@@ -678,13 +718,15 @@ class SweepResult(Frozen):
 
 
 def evaluate_all(model, cluster, setup, cands, c, efficiency=None,
-                 progress: Callable[[int, int], None] | None = None) -> dict[str, np.ndarray]:
+                 progress: Callable[[int, int], None] | None = None,
+                 activity_key: np.ndarray | None = None) -> dict[str, np.ndarray]:
     """`evaluate` in chunks of CHUNK candidates, calling progress(done, total) after each."""
     total = len(cands["tp"])
     parts = []
     for start in range(0, max(total, 1), CHUNK):
-        part = cands.take(slice(start, start + CHUNK))
-        parts.append(evaluate(model, cluster, setup, part, c, efficiency))
+        part = slice(start, start + CHUNK)
+        key = None if activity_key is None else activity_key[part]
+        parts.append(evaluate(model, cluster, setup, cands.take(part), c, efficiency, key))
         if progress:
             progress(min(start + CHUNK, total), total)
     if len(parts) == 1:
@@ -734,11 +776,13 @@ def collapse_variants(cands, cols: dict[str, np.ndarray], order: np.ndarray, top
     """Walk the ranked `order` and fold each layout into the first earlier one that differs
     only in the offload placement and whose step time is within SAME_STEP_REL of it (both fit:
     the caller passes fitting rows only). Returns up to `top` (kept row, folded rows)."""
-    keys = [name for name in cands if name not in _VARIANT_FIELDS]
+    names = [name for name in cands if name not in _VARIANT_FIELDS]
+    rows = np.stack([cands[name][order] for name in names], axis=1).astype(np.int64).tolist() \
+        if len(order) else []
     kept: list[tuple[int, list[int]]] = []
     by_key: dict[tuple, int] = {}
-    for i in (int(j) for j in order):
-        key = tuple(int(cands[name][i]) for name in keys)
+    for i, row in zip((int(j) for j in order), rows):
+        key = tuple(row)
         if key in by_key:
             head, folded = kept[by_key[key]]
             if abs(cols["step_s"][i] / cols["step_s"][head] - 1) <= SAME_STEP_REL:
@@ -766,16 +810,26 @@ def overflow_reason(cols: dict[str, np.ndarray], i: int, cluster: Cluster) -> st
     return "; ".join(out)
 
 
-def _row(cands, cols, i: int, c: Constraints, cluster: Cluster, fits: bool) -> SweepRow:
+def _row(cands, cols, i: int, c: Constraints, cluster: Cluster, fits: bool,
+         variants: list[str] | None = None) -> SweepRow:
+    """The result row of candidate i. Its Layout is validated; the estimate and the row hold
+    the evaluation's own floats and ints (`model_construct`: no user input to check)."""
     est = {k: float(cols[k][i]) for k in steptime.StepEstimate.model_fields if k in cols}
-    return SweepRow(
+    return SweepRow.model_construct(
         layout=layout_at(cands, i, c),
-        estimate=steptime.StepEstimate(**est, compute_efficiency=float(cols["efficiency"][0])),
+        estimate=steptime.StepEstimate.model_construct(
+            **est, compute_efficiency=float(cols["efficiency"][0])),
         gpu_peak_bytes=int(cols["gpu_peak_bytes"][i]), peak_stage=int(cols["peak_stage"][i]),
         headroom_bytes=int(cols["headroom_bytes"][i]), node_cpu_bytes=int(cols["node_cpu_bytes"][i]),
         node_nvme_bytes=int(cols["node_nvme_bytes"][i]), fits=fits,
-        reason="" if fits else overflow_reason(cols, i, cluster),
+        reason="" if fits else overflow_reason(cols, i, cluster), variants=variants or [],
     )
+
+
+def offload_label(cands, j: int) -> str:
+    """`optimizer/params` offload targets of candidate j (a folded variant), e.g. `cpu/none`."""
+    return (f"{OFFLOAD_TARGETS[int(cands['offload_optimizer'][j])]}/"
+            f"{OFFLOAD_TARGETS[int(cands['offload_params'][j])]}")
 
 
 def fit_masks(cols: dict[str, np.ndarray], cluster: Cluster) -> tuple[np.ndarray, ...]:
@@ -825,7 +879,7 @@ def sweep(model: ModelSpec, cluster: Cluster, setup: TrainSetup, constraints: Co
     rules.check_setup(model, setup)
     steptime.cluster_rates(cluster, setup, efficiency)  # input errors before any work
     check_sort(sort)
-    cands, excluded = enumerate_layouts(model, cluster, setup, c)
+    cands, excluded, activity_key = enumerate_product(model, cluster, setup, c)
     n = len(cands)
     base = dict(model=model.name, cluster=cluster.name, num_gpus=cluster.num_gpus, sort=sort,
                 evaluated=n, excluded=excluded)
@@ -833,7 +887,7 @@ def sweep(model: ModelSpec, cluster: Cluster, setup: TrainSetup, constraints: Co
         return SweepResult(**base, fitting=0, rejected_gpu=0, rejected_cpu=0, rejected_nvme=0,
                            top=[], rejected=[], empty_reason=explain_empty(model, cluster, setup, c),
                            seconds=time.perf_counter() - start)
-    cols = evaluate_all(model, cluster, setup, cands, c, efficiency, progress)
+    cols = evaluate_all(model, cluster, setup, cands, c, efficiency, progress, activity_key)
     cols |= {"opt": cands["offload_optimizer"], "par": cands["offload_params"]}  # offload codes for tie-breaking
     ok = fit_masks(cols, cluster)
     fits = ok[0] & ok[1] & ok[2]
@@ -848,9 +902,8 @@ def sweep(model: ModelSpec, cluster: Cluster, setup: TrainSetup, constraints: Co
     return SweepResult(
         **base, fitting=int(fits.sum()), rejected_gpu=int((~ok[0]).sum()),
         rejected_cpu=int((~ok[1]).sum()), rejected_nvme=int((~ok[2]).sum()),
-        top=[_row(cands, cols, i, c, cluster, True).model_copy(update={"variants": [
-            f"{layout_at(cands, j, c).offload_optimizer}/{layout_at(cands, j, c).offload_params}"
-            for j in folded]}) for i, folded in good],
+        top=[_row(cands, cols, i, c, cluster, True, [offload_label(cands, j) for j in folded])
+             for i, folded in good],
         rejected=[_row(cands, cols, int(i), c, cluster, False) for i in bad],
         empty_reason="" if fits.any() else _why_nothing_fits(cols, ok, cluster),
         best_without_cp=without_cp, seconds=time.perf_counter() - start,

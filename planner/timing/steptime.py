@@ -515,12 +515,14 @@ def _stage_rows(layers, stage_params, stage_rows, shape) -> np.ndarray:
 
 
 def state_terms(r: Rates, cols: LayoutColumns, layers, stage_params, shard_params,
-                sizes: ByteSizes, fwd_mb_s, bwd_mb_s, stage_rows=None) -> dict:
+                sizes: ByteSizes, fwd_mb_s, bwd_mb_s, stage_rows=None, activity=None) -> dict:
     """Data-parallel / ZeRO collectives, offload traffic and the optimizer step of each row,
     hidden behind the micro-batch windows of `compute_terms`; `layers`, `stage_params`,
     `shard_params`, `stage_rows` as in `StageWork`. Every DP collective is a flat NCCL ring on
     the group's real bandwidth per level (`dp_collective_s`); ZeRO-3 follows DeepSpeed's
-    per-layer, per-micro-batch schedule (`zero3_comm`)."""
+    per-layer, per-micro-batch schedule (`zero3_comm`). `activity` as in `step_terms`: the
+    collectives, which read no offload field, are then evaluated once per (group, ZeRO stage,
+    engine)."""
     node, m = r.gpus_per_node, cols["grad_accum"]
     tp, dp, zero = cols["tp"], shard_ranks(cols), cols["zero_stage"]  # dp x cp ranks
     opt_target, param_target = cols["offload_optimizer"], cols["offload_params"]
@@ -532,9 +534,16 @@ def state_terms(r: Rates, cols: LayoutColumns, layers, stage_params, shard_param
     layers, stage_params, shard, dp_local, bucket, m, fwd_mb_s, bwd_mb_s = (
         np.broadcast_to(x, shape) for x in (layers, stage_params, shard_params, dp_local, bucket,
                                             m, fwd_mb_s, bwd_mb_s))
+    if activity is None:
+        keys = (_stage_rows(layers, stage_params, stage_rows, shape), dp_local, dp, zero)
+    else:  # (stage, dp_local, dp) is the same within an activity group: grouped on its rows
+        one = activity[0]
+        stage_keys = group_rows(_stage_rows(layers[one], stage_params[one],
+                                            None if stage_rows is None else stage_rows[one],
+                                            one.shape), dp_local[one], dp[one])[1]
+        keys = (stage_keys.take(activity[1]) * 4 + zero,)
     coll = on_distinct(lambda rows: collective_times(
-        r, layers, stage_params, dp_local, dp, bucket, sizes, rows),
-        _stage_rows(layers, stage_params, stage_rows, shape), dp_local, dp, zero)
+        r, layers, stage_params, dp_local, dp, bucket, sizes, rows), *keys)
     layer_comm = (coll["layer_gather_s"], coll["layer_reduce_s"], coll["prefetch"])
 
     def ddp_zero12(rows):
@@ -549,9 +558,17 @@ def state_terms(r: Rates, cols: LayoutColumns, layers, stage_params, shard_param
 
     engine = cols["dp_engine"] if "dp_engine" in cols else np.zeros_like(zero)
     fsdp, z3 = engine == 1, (zero == 3) & (engine != 1)
-    dp_total, dp_exposed = piecewise(shape, 2, [
-        (~(fsdp | z3), ddp_zero12), (z3, lambda rows: sharded(zero3_comm, rows)),
-        (fsdp, lambda rows: sharded(fsdp2_comm, rows, zero[rows] == 3))])
+
+    def dp_terms(rows):  # the engine's collectives on the rows `rows`
+        total, exposed = piecewise(rows.shape, 2, [
+            (~(fsdp | z3)[rows], lambda i: ddp_zero12(rows[i])),
+            (z3[rows], lambda i: sharded(zero3_comm, rows[i])),
+            (fsdp[rows], lambda i: sharded(fsdp2_comm, rows[i], zero[rows[i]] == 3))])
+        return {"total": total, "exposed": exposed}
+
+    dp_comm = dp_terms(np.arange(shape[0])) if activity is None else \
+        on_distinct(dp_terms, activity[1], zero, engine)
+    dp_total, dp_exposed = dp_comm["total"], dp_comm["exposed"]
 
     def offloading(rows):  # rows with the optimizer or the parameters off the GPU
         opt, par, sh, mb = opt_target[rows], param_target[rows], shard[rows], m[rows]
@@ -576,13 +593,23 @@ EXPOSED = ("compute_s", "recompute_s", "memory_bound_s", "tp_comm_s", "cp_comm_s
 """The terms whose sum is the step time (`StepEstimate.step_s`)."""
 
 
-def step_terms(r: Rates, cols: LayoutColumns, work: StageWork, sizes: ByteSizes) -> dict:
+def step_terms(r: Rates, cols: LayoutColumns, work: StageWork, sizes: ByteSizes,
+               activity: tuple[np.ndarray, np.ndarray] | None = None) -> dict:
     """Every time term of one step, for each row of the layout columns: `compute_terms`, then
-    `state_terms` in their windows, and `step_s` the sum of the exposed ones."""
-    terms = compute_terms(r, cols, work)
-    return _with_step(terms | state_terms(r, cols, work.layers, work.stage_params,
-                                          work.shard_params, sizes, terms["fwd_mb_s"],
-                                          terms["bwd_mb_s"], work.stage_rows))
+    `state_terms` in their windows, and `step_s` the sum of the exposed ones. `activity`:
+    (rows, inverse) when `work` holds only the rows `rows` of `cols`, one per group of rows that
+    differ only in the ZeRO / offload / engine fields (`step_columns`): `compute_terms` runs on
+    those rows and is gathered to every row, `state_terms` on every row (the ZeRO shard of each
+    row from `zero_shard_params`)."""
+    sub = cols if activity is None else cols.take(activity[0])
+    terms = {k: gather(v, activity) for k, v in compute_terms(r, sub, work).items()}
+    layers, stage_params, stage_rows = (gather(x, activity)
+                                        for x in (work.layers, work.stage_params, work.stage_rows))
+    shard = work.shard_params if activity is None else zero_shard_params(
+        stage_params, shard_ranks(cols), cols["zero_stage"])
+    return _with_step(terms | state_terms(r, cols, layers, stage_params, shard, sizes,
+                                          terms["fwd_mb_s"], terms["bwd_mb_s"], stage_rows,
+                                          activity))
 
 
 def _with_step(terms: dict) -> dict:
@@ -658,20 +685,31 @@ def step_columns(model: ModelSpec, cluster: Cluster, setup: TrainSetup, cols: La
                  layers, stage_params, *, flash_attention: bool = False,
                  buffers: EngineBuffers = DEFAULT_BUFFERS,
                  efficiency: float | None = None,
-                 stage_rows: np.ndarray | None = None) -> dict[str, np.ndarray]:
+                 stage_rows: np.ndarray | None = None,
+                 activity: tuple[np.ndarray, np.ndarray] | None = None) -> dict[str, np.ndarray]:
     """Every step term and rate of each layout row, float64 columns: `estimate_step` is its
     length-1 evaluation, the sweep evaluates all candidates. `layers`, `stage_params`: the
     largest stage's layers and per-GPU parameters of each row (`stage_layers_and_params`);
     `stage_rows` optionally each row's index among the distinct (layers, stage_params) pairs
     (the sweep's (tp, pp) table rows; found by `state_terms` when None).
+    `activity`: optionally (rows, inverse), one row of each group of rows that differ only in
+    the ZeRO / offload / engine fields and each row's group (`columns.activity_groups`): the
+    stage work and `compute_terms`, which read none of those fields, are evaluated on `rows`
+    only and gathered back (`step_terms`); the same values as on every row.
     FLOPs come from planner.core.flops once per recompute mode present."""
     r = cluster_rates(cluster, setup, efficiency)
+    all_cols, rows = cols, None if activity is None else activity[0]
+    if rows is not None:  # the work of one row per group (layers / stage params: its own)
+        cols = cols.take(rows)
+        layers, stage_params = (x if np.ndim(x) == 0 else np.asarray(x)[rows]
+                                for x in (layers, stage_params))
+        stage_rows = None if stage_rows is None else np.asarray(stage_rows)[rows]
     rec = cols["recompute"]
-    codes = np.flatnonzero(np.bincount(rec, minlength=len(RECOMPUTE_MODES)))
+    codes = np.flatnonzero(np.bincount(all_cols["recompute"], minlength=len(RECOMPUTE_MODES)))
     table = {int(k): flops_mod.step_flops(model, setup, Layout(
         recompute=RECOMPUTE_MODES[int(k)], flash_attention=flash_attention)) for k in codes}
 
-    def per_mode(name: str) -> np.ndarray:
+    def per_mode(name: str, rec=rec) -> np.ndarray:
         lookup = np.zeros(len(RECOMPUTE_MODES))
         for k, f in table.items():
             lookup[k] = getattr(f, name)
@@ -710,11 +748,21 @@ def step_columns(model: ModelSpec, cluster: Cluster, setup: TrainSetup, cols: La
     sizes = ByteSizes(grad_bytes=prec.grad_bytes, param_bytes=prec.param_bytes,
                       optimizer_bytes=optimizer_bytes_per_param(prec, setup.optimizer),
                       buffers=buffers)
-    terms = step_terms(r, cols, work, sizes)
+    terms = step_terms(r, all_cols, work, sizes, activity)
+    rec = all_cols["recompute"]
     rates = rate_terms(r, terms["step_s"], setup.global_batch * setup.seq_len,
-                       per_mode("model_flops"), per_mode("hardware_flops"), setup.train_tokens)
-    out = {**terms, **rates, "efficiency": work.efficiency}
+                       per_mode("model_flops", rec), per_mode("hardware_flops", rec),
+                       setup.train_tokens)
+    out = {**terms, **rates, "efficiency": gather(work.efficiency, activity)}
     return {k: _float_column(v, rec.shape) for k, v in out.items()}
+
+
+def gather(value, activity: tuple[np.ndarray, np.ndarray] | None):
+    """A value over one row per group (`step_columns`' `activity`) given to every row of its
+    group; scalars and `activity` None pass through."""
+    if activity is None or np.ndim(value) == 0:
+        return value
+    return np.asarray(value).take(activity[1])
 
 
 def _float_column(value, shape: tuple[int, ...]) -> np.ndarray:
