@@ -306,7 +306,9 @@ def data_row_error(run: PublicRun, level: float | None = None
                     dp_engine="fsdp2" if "fsdp2" in run.engine else "deepspeed",
                     recompute=recompute, micro_batch=run.micro_batch, grad_accum=m,
                     first_stage_layers=first, last_stage_layers=last,
-                    sequence_parallel=fused and run.tp > 1, flash_attention=fused)
+                    sequence_parallel=(fused and run.tp > 1 if run.sequence_parallel is None
+                                       else run.sequence_parallel),
+                    flash_attention=fused)
     precision = "megatron-fp16" if run.gpu.startswith("v100") else "megatron-bf16"
     setup = TrainSetup(seq_len=run.model.seq_len, global_batch=batch, train_tokens=300e9,
                        precision=get_precision(precision), optimizer=get_optimizer("adam"))
