@@ -295,6 +295,18 @@ def data_row_error(run: PublicRun, level: float | None = None
         return moe_row_error(run)
     if run.model is None or run.global_batch is None or run.micro_batch is None:
         return None, None, "model dimensions or batch not transcribed"
+    model, cluster, layout, setup, note = data_row_build(run, level)
+    try:
+        est = estimate_step(model, cluster, layout, setup)
+    except PlanInputError as exc:
+        return None, None, f"refused: {exc}"
+    return _compare(run, setup.global_batch, est, note)
+
+
+def data_row_build(run: PublicRun, level: float | None = None
+                   ) -> tuple[ModelSpec, Cluster, Layout, TrainSetup, str]:
+    """The (model, cluster, layout, setup, note) a dense data-file row is evaluated with
+    (`data_row_error`; `level`: the GPU's in-training GEMM level, shape model kept)."""
     first, last = UNEVEN_STAGES.get(run.name, (None, None))
     m = math.ceil(run.global_batch / (run.micro_batch * run.dp))
     batch = m * run.micro_batch * run.dp
@@ -308,19 +320,15 @@ def data_row_error(run: PublicRun, level: float | None = None
                     first_stage_layers=first, last_stage_layers=last,
                     sequence_parallel=(fused and run.tp > 1 if run.sequence_parallel is None
                                        else run.sequence_parallel),
-                    flash_attention=fused)
+                    flash_attention=fused, megatron_overlap=run.megatron_overlap)
     precision = "megatron-fp16" if run.gpu.startswith("v100") else "megatron-bf16"
     setup = TrainSetup(seq_len=run.model.seq_len, global_batch=batch, train_tokens=300e9,
                        precision=get_precision(precision), optimizer=get_optimizer("adam"))
     cluster = cluster_for_gpus(run.gpu, run.num_gpus)
-    if level is not None:  # the GPU's in-training GEMM level, shape model kept (fit_level)
+    if level is not None:
         cluster = cluster.model_copy(update=dict(
             gpu=cluster.gpu.model_copy(update=dict(achieved_efficiency=level))))
-    try:
-        est = estimate_step(model, cluster, layout, setup)
-    except PlanInputError as exc:
-        return None, None, f"refused: {exc}"
-    return _compare(run, batch, est, note)
+    return model, cluster, layout, setup, note
 
 
 def _compare(run: PublicRun, batch: int, est, note: str

@@ -62,6 +62,9 @@ class PublicRun(Frozen):
     global_batch: int | None
     micro_batch: int | None
     recompute: Literal["none", "selective", "full", "unknown"]
+    megatron_overlap: tuple[Literal["tp_comm", "grad_reduce", "param_gather"], ...] | None = None
+    """Megatron-Core overlaps the source states (--tp-comm-overlap, --overlap-grad-reduce,
+    --overlap-param-gather); None: the row is not evaluated as a Megatron-Core run."""
     sequence_parallel: bool | None = None
     """Megatron sequence parallelism as the row states or assumes; None: on for Megatron-Core
     rows with tp > 1 (benchmarks/published_runs.py data_row_error)."""
