@@ -175,3 +175,29 @@ def test_megatron_line_round_trip_with_overlap_flags():
 def test_bad_megatron_overlap_flags_are_input_errors(extra, match):
     with pytest.raises(PlanInputError, match=match):
         job_from_megatron(*parse_megatron_args(LINE + extra), num_gpus=32)
+
+
+def test_sweep_pins_and_rows_match_estimate_step():
+    # The sweep carries the user's pin to every candidate; each ranked row's step time is
+    # estimate_step's on that row's typed layout (the same functions, one row vs all).
+    from planner.search import sweep
+
+    zero, engine, sp = mo.sweep_pins(("tp_comm", "grad_reduce", "param_gather"), None, None, None)
+    assert (zero, engine, sp) == ((1,), ("deepspeed",), (True,))
+    assert mo.sweep_pins(None, (3,), None, None) == ((3,), None, None)
+    with pytest.raises(PlanInputError, match="zero 0/1"):
+        mo.sweep_pins(("grad_reduce",), (2, 3), None, None)
+    with pytest.raises(PlanInputError, match="needs --sequence-parallel"):
+        mo.sweep_pins(("tp_comm",), None, None, (False,))
+    cluster = cluster_for_gpus("h100-sxm", 32)
+    setup = TrainSetup(seq_len=2048, global_batch=64, train_tokens=1e9,
+                       precision=get_precision("megatron-bf16"), optimizer=get_optimizer("adam"))
+    overlap = ("tp_comm", "grad_reduce", "param_gather")
+    result = sweep.sweep(MODEL, cluster, setup, sweep.Constraints(
+        zero_stage=zero, dp_engine=engine, sequence_parallel=sp, megatron_overlap=overlap,
+        recompute=("selective",), offload_optimizer=("none",), offload_params=("none",)), top=3)
+    assert result.top
+    for row in result.top:
+        assert row.layout.megatron_overlap == overlap and row.layout.sequence_parallel
+        assert row.estimate.step_s == pytest.approx(
+            estimate_step(MODEL, cluster, row.layout, setup).step_s, rel=1e-9)

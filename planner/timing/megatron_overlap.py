@@ -40,10 +40,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from planner.core.errors import PlanInputError
 from planner.core.spec import MegatronOverlap
 from planner.timing import interference
 
-__all__ = ["MegatronOverlap", "FLAGS", "tp_layer_exposed_s", "dp_exposed_s"]
+__all__ = ["MegatronOverlap", "FLAGS", "tp_layer_exposed_s", "dp_exposed_s", "sweep_pins"]
 
 FLAGS: dict[str, str] = {"tp_comm": "--tp-comm-overlap", "grad_reduce": "--overlap-grad-reduce",
                          "param_gather": "--overlap-param-gather"}
@@ -143,3 +144,26 @@ def dp_exposed_s(zero_stage, grad_half_s, param_half_s, grad_bucket_s, param_buc
                                                        np.where(ddp, 0.0, param_bucket_s))
                      if "param_gather" in overlap else param_s)
     return grad_s + param_s, grad_exposed + param_exposed
+
+
+def sweep_pins(overlap: tuple[str, ...] | None, zero_stage: tuple[int, ...] | None,
+               dp_engine: tuple[str, ...] | None, sequence_parallel: tuple[bool, ...] | None
+               ) -> tuple:
+    """(zero_stage, dp_engine, sequence_parallel) pins of a sweep whose candidates all carry
+    `overlap`, narrowed to what Megatron runs it with (the Layout rules): Megatron's DDP or
+    distributed optimizer (zero 0 or 1, zero 1 for param_gather), sequence parallelism for
+    tp_comm. A user pin outside them is an input error."""
+    if overlap is None:
+        return zero_stage, dp_engine, sequence_parallel
+    allowed = (1,) if "param_gather" in overlap else (0, 1)
+    zeros = tuple(z for z in (zero_stage or allowed) if z in allowed)
+    engines = tuple(e for e in (dp_engine or ("deepspeed",)) if e == "deepspeed")
+    if not zeros or not engines:
+        raise PlanInputError("megatron_overlap", f"{','.join(overlap) or 'none'} runs on "
+                             f"Megatron's DDP or distributed optimizer (--zero "
+                             f"{'/'.join(map(str, allowed))}, --dp-engine deepspeed)")
+    if "tp_comm" in overlap:
+        if sequence_parallel == (False,):
+            raise PlanInputError("megatron_overlap", "tp_comm needs --sequence-parallel")
+        sequence_parallel = (True,)
+    return zeros, engines, sequence_parallel
