@@ -6,8 +6,9 @@
 Then every row of benchmarks/data/published_runs.yaml is evaluated with the shipped model
 (no override: each GPU's profile, matmuls at their shapes, the wired collectives), and the
 mean / max |error| is printed per category (Megatron-style tp/pp on A100; ZeRO-3/FSDP; other
-GPUs) for the in-sample rows, the rows seen since session 8 (the first out-of-sample split) and
-the session-10 held-out rows (out_of_sample_2) SEPARATELY (`category_report`). Each split is
+GPUs) for the in-sample rows, the rows seen since session 8 (the first out-of-sample split),
+the rows seen since session 10 (out_of_sample_2) and the session-11 held-out rows
+(out_of_sample_3) SEPARATELY (`category_report`). Each split is
 the data file's, fixed before any error on it was computed; out-of-sample errors are reported,
 never fitted.
 
