@@ -748,7 +748,9 @@ def step_columns(model: ModelSpec, cluster: Cluster, setup: TrainSetup, cols: La
 def tp_overlap_gemms(model: ModelSpec, cluster: Cluster, cols: LayoutColumns, tokens,
                      peak_flops_per_s, efficiency) -> tuple:
     """`StageWork.tp_overlap` of each row: the block's four TP GEMMs at the row's matmul
-    efficiency (named approximation, planner.timing.megatron_overlap) and the GPU's SM margin."""
+    efficiency (named approximation, planner.timing.megatron_overlap) and the GPU's SM margin.
+    MoE blocks: fc1 / fc2 taken as one dense GEMM of the expert width over all tokens (named
+    approximation; expert GEMMs are not userbuffers-overlapped in Megatron)."""
     width = model.expert_ffn_size if model.is_moe else model.ffn_hidden_size
     flops = mo.block_gemm_flops(model.hidden_size, params.qkv_width(model),
                                 model.num_heads * model.head_size, width,
