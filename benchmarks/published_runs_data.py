@@ -43,8 +43,9 @@ class PublicRun(Frozen):
     """One published run: layout, measured throughput, citation, split."""
 
     name: str
-    split: Literal["in_sample", "out_of_sample", "out_of_sample_2"]
-    """out_of_sample_2: sources added in session 10 (the YAML's NEW SPLIT RULE)."""
+    split: Literal["in_sample", "out_of_sample", "out_of_sample_2", "out_of_sample_3"]
+    """out_of_sample_2: sources added in session 10 (the YAML's NEW SPLIT RULE);
+    out_of_sample_3: session 11 (THIRD SPLIT RULE)."""
     category: Literal["dense", "moe"] = "dense"
     """`moe`: a mixture-of-experts run (an evaluator without expert parallelism skips it)."""
     paper: str
@@ -61,6 +62,12 @@ class PublicRun(Frozen):
     global_batch: int | None
     micro_batch: int | None
     recompute: Literal["none", "selective", "full", "unknown"]
+    megatron_overlap: tuple[Literal["tp_comm", "grad_reduce", "param_gather"], ...] | None = None
+    """Megatron-Core overlaps the source states (--tp-comm-overlap, --overlap-grad-reduce,
+    --overlap-param-gather); None: the row is not evaluated as a Megatron-Core run."""
+    sequence_parallel: bool | None = None
+    """Megatron sequence parallelism as the row states or assumes; None: on for Megatron-Core
+    rows with tp > 1 (benchmarks/published_runs.py data_row_error)."""
     engine: str
     tflops_per_gpu: float | None = None
     """The published TFLOP/s per GPU; None when the source publishes tokens per second."""
@@ -101,7 +108,7 @@ def by_split(runs: tuple[PublicRun, ...], split: str) -> tuple[PublicRun, ...]:
 
 def main() -> None:
     runs = load_runs()
-    for split in ("in_sample", "out_of_sample", "out_of_sample_2"):
+    for split in ("in_sample", "out_of_sample", "out_of_sample_2", "out_of_sample_3"):
         print(f"{split}:")
         for r in by_split(runs, split):
             metric = (f"{r.tflops_per_gpu:>6.1f} TFLOP/s/GPU" if r.tflops_per_gpu is not None

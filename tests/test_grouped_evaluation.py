@@ -216,3 +216,27 @@ def test_step_columns_by_activity_groups_equals_estimate_step(case):
         np.array([s[1] for s in shapes]), flash_attention=c.flash_attention, activity=groups)
     for i, lay in enumerate(layouts):
         _check_step(out, i, steptime.estimate_step(model, cluster, lay, setup), lay)
+
+
+@pytest.mark.parametrize("overlap", [("tp_comm", "grad_reduce", "param_gather"), ("grad_reduce",),
+                                     ()])
+def test_megatron_overlap_pinned_sweep_rows_equal_estimate_step(overlap):
+    """Megatron's overlaps pinned on a sweep (the TP term in the grouped compute terms, the
+    bucket terms in the grouped data-parallel collectives) with the pins `sweep_pins` narrows
+    to, evaluated by enumeration groups: each sampled row equals `estimate_step` of its layout
+    alone (which carries the same `megatron_overlap`)."""
+    from planner.timing.megatron_overlap import sweep_pins
+
+    model, cluster, setup, c = _load(CASES[0])
+    zero, engine, sp = sweep_pins(overlap, None, None, None)
+    c = c.model_copy(update=dict(megatron_overlap=overlap, zero_stage=zero, dp_engine=engine,
+                                 sequence_parallel=sp))
+    cands, _, key = sweep.enumerate_product(model, cluster, setup, c)
+    rng = np.random.default_rng(13)
+    order = rng.permutation(len(cands))[:160]
+    rows = cands.take(order)
+    cols = sweep.evaluate(model, cluster, setup, rows, c, activity_key=key[order])
+    for i in range(0, len(order), 4):
+        layout = sweep.layout_at(rows, i, c)
+        assert layout.megatron_overlap == overlap
+        _check_step(cols, i, steptime.estimate_step(model, cluster, layout, setup), layout)

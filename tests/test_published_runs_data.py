@@ -29,6 +29,7 @@ def test_layout_products_equal_gpu_counts():
 
 
 SESSION_10_SOURCES = ("NVIDIA Megatron-LM README", "PyTorch torchtitan")
+SESSION_11_SOURCES = ("NVIDIA NeMo-Framework-Launcher README",)
 
 
 def test_split_is_by_paper():
@@ -38,6 +39,7 @@ def test_split_is_by_paper():
     for r in RUNS.values():
         expected = ("in_sample" if r.paper.startswith("Shoeybi") else
                     "out_of_sample_2" if r.paper.startswith(SESSION_10_SOURCES) else
+                    "out_of_sample_3" if r.paper.startswith(SESSION_11_SOURCES) else
                     "out_of_sample")
         assert r.split == expected, r.name
 
@@ -143,3 +145,44 @@ def test_a_row_gives_exactly_one_metric():
         prd.PublicRun(**{**row, "tflops_per_gpu": 100.0})
     with pytest.raises(ValueError):
         prd.PublicRun(**{**row, "tokens_per_s_per_gpu": None})
+
+
+# NeMo-Framework-Launcher README 7.1.2 (commit 3579cdb3): total tokens per second by node count
+# as printed, and the README's own speed-up row, which is total(n) / total(first node count).
+NEMO_2022_TOTALS = {
+    "5b": {1: 40345, 2: 79815, 4: 161754, 8: 312774, 16: 659481, 32: 1159288},
+    "175b": {8: 7500, 16: 14950, 32: 29537, 64: 58211, 128: 109684},
+}
+NEMO_2022_SPEEDUPS = {"5b": {2: 1.98, 4: 4.01, 8: 7.75, 16: 16.35, 32: 28.73},
+                      "175b": {16: 1.99, 32: 3.94, 64: 7.76, 128: 14.62}}
+
+
+def test_nemo_2022_rows_are_totals_over_gpus():
+    # e.g. 40,345 tokens/s on 1 node = 8 GPUs -> 5,043.125 per GPU; 109,684 on 128 nodes =
+    # 1,024 GPUs -> 107.11328125 per GPU.
+    for size, totals in NEMO_2022_TOTALS.items():
+        for nodes, total in totals.items():
+            r = RUNS[f"nemo-2022-gpt3-{size}-{nodes * 8}gpu"]
+            assert r.num_gpus == 8 * nodes
+            assert r.tokens_per_s_per_gpu == pytest.approx(total / (8 * nodes), abs=1e-4)
+            assert r.split == "out_of_sample_3"
+
+
+def test_nemo_2022_transcription_matches_readme_speedups():
+    # The README's speed-up row is a second transcription check: 1,159,288 / 40,345 = 28.734
+    # (printed 28.73x); 109,684 / 7,500 = 14.625 (printed 14.62x, truncated): 0.01 tolerance.
+    for size, speedups in NEMO_2022_SPEEDUPS.items():
+        base_nodes = min(NEMO_2022_TOTALS[size])
+        base = RUNS[f"nemo-2022-gpt3-{size}-{base_nodes * 8}gpu"]
+        for nodes, printed in speedups.items():
+            r = RUNS[f"nemo-2022-gpt3-{size}-{nodes * 8}gpu"]
+            ratio = (r.tokens_per_s_per_gpu * r.num_gpus) / (base.tokens_per_s_per_gpu
+                                                              * base.num_gpus)
+            assert ratio == pytest.approx(printed, abs=0.01), r.name
+
+
+def test_nemo_2022_vocab_padding():
+    # Megatron pads 50,257 GPT-2 BPE entries to a multiple of 128 x tp:
+    # tp 1: ceil(50257 / 128) x 128 = 393 x 128 = 50,304; tp 8: ceil(50257 / 1024) x 1024 = 51,200.
+    assert RUNS["nemo-2022-gpt3-5b-8gpu"].model.vocab_size == 50_304
+    assert RUNS["nemo-2022-gpt3-175b-64gpu"].model.vocab_size == 51_200

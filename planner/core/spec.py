@@ -564,6 +564,10 @@ class EngineBuffers(Frozen):
         return value
 
 
+MegatronOverlap = Literal["tp_comm", "grad_reduce", "param_gather"]
+"""Megatron-Core overlaps (Layout.megatron_overlap)."""
+
+
 class Layout(Frozen):
     """How the job is laid out on the cluster (the Execution of calculon)."""
 
@@ -627,6 +631,11 @@ class Layout(Frozen):
     """Micro-batches per step per data-parallel rank (m, the pipeline's micro-batch count)."""
     buffers: EngineBuffers = EngineBuffers()
     """The engines' bucket sizes (DeepSpeed zero_optimization keys, DDP bucket_cap_mb)."""
+    megatron_overlap: tuple[MegatronOverlap, ...] | None = None
+    """Megatron-Core's overlaps switched on: `tp_comm` (--tp-comm-overlap), `grad_reduce`
+    (--overlap-grad-reduce), `param_gather` (--overlap-param-gather); () = a Megatron run with
+    its defaults, all off. None: not modelled as Megatron (gradients reduced behind backward,
+    parameter all-gather and TP exposed). planner/timing/megatron_overlap.py."""
 
     @property
     def num_gpus(self) -> int:
@@ -647,10 +656,29 @@ class Layout(Frozen):
             raise ValueError(error)
         if len(set(self.tempo)) != len(self.tempo):
             raise ValueError(f"tempo: techniques repeat {list(self.tempo)}")
+        if self.megatron_overlap is not None:
+            _check_megatron_overlap(self)
         if self.cp > 1 and not self.flash_attention:
             raise ValueError(f"cp={self.cp} needs flash_attention: Megatron runs context "
                              "parallelism only inside Transformer Engine's fused attention")
         return self
+
+
+def _check_megatron_overlap(layout: Layout) -> None:
+    """Megatron-LM's own rules (megatron/training/arguments.py at d98e8a64)."""
+    over = layout.megatron_overlap
+    if len(set(over)) != len(over):
+        raise ValueError(f"megatron_overlap: entries repeat {list(over)}")
+    if layout.zero_stage > 1 or layout.dp_engine != "deepspeed":
+        raise ValueError("megatron_overlap: Megatron's DDP or distributed optimizer only "
+                         f"(zero_stage 0 or 1), got zero_stage {layout.zero_stage}")
+    if "tp_comm" in over and not layout.sequence_parallel:  # which Megatron turns off at tp=1
+        raise ValueError("megatron_overlap: tp_comm (--tp-comm-overlap) needs "
+                         "sequence_parallel (--sequence-parallel, tp > 1)")
+    if "param_gather" in over and (layout.zero_stage != 1 or "grad_reduce" not in over):
+        raise ValueError("megatron_overlap: param_gather (--overlap-param-gather) needs "
+                         "zero_stage 1 (--use-distributed-optimizer) and grad_reduce "
+                         "(--overlap-grad-reduce)")
 
 
 # --------------------------------------------------------------------------- setup

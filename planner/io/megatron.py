@@ -44,6 +44,7 @@ BOOL_FLAGS = {
     "--group-query-attention", "--bf16", "--fp16", "--use-flash-attn",
     "--accumulate-allreduce-grads-in-fp32", "--use-rotary-position-embeddings", "--standalone",
     "--grad-reduce-in-bf16", "--optimizer-cpu-offload",
+    "--tp-comm-overlap", "--overlap-grad-reduce", "--overlap-param-gather",
 }
 
 UNEXPANDED = "$unexpanded"
@@ -388,6 +389,15 @@ def _optimizer(args: Args) -> str:
     return optimizer
 
 
+def _overlaps(args: Args) -> tuple[str, ...]:
+    """Megatron-Core's communication overlaps the line switches on (all off by default:
+    megatron/training/arguments.py, store_true flags; planner/timing/megatron_overlap.py)."""
+    from planner.timing.megatron_overlap import FLAGS
+
+    on = tuple(name for name, flag in FLAGS.items() if args.get(flag))
+    return on or None  # no overlap flag: zplan's generic schedule (see `job_from_megatron` note)
+
+
 def job_from_megatron(launcher: Args, args: Args, num_gpus: int | None, name: str = "megatron-model") -> EngineJob:
     """Model, layout and setup parts of a Megatron-LM launch."""
     _unsupported(args)
@@ -410,6 +420,7 @@ def job_from_megatron(launcher: Args, args: Args, num_gpus: int | None, name: st
             zero_stage=1 if args.get("--use-distributed-optimizer") else 0,
             sequence_parallel=bool(args.get("--sequence-parallel")) and tp > 1,  # off at tp=1
             flash_attention=flash, micro_batch=micro, grad_accum=batch // (micro * dp),
+            megatron_overlap=_overlaps(args),
             **_recompute(args, ceil_div(model.num_layers, pp * virtual)),
         )
     except ValidationError as err:
@@ -422,6 +433,11 @@ def job_from_megatron(launcher: Args, args: Args, num_gpus: int | None, name: st
     elif "--attention-backend" not in args and not args.get("--use-flash-attn"):
         notes.append("no --attention-backend: flash_attention=false assumed (Megatron's default "
                      "auto may pick a fused kernel that saves no s x s tensors)")
+    if layout.megatron_overlap is None:
+        notes.append("no --overlap-grad-reduce / --overlap-param-gather / --tp-comm-overlap: "
+                     "megatron_overlap left unset (zplan's generic schedule: gradient reduction "
+                     "behind backward); Megatron's own default is all off, which "
+                     "megatron_overlap: [] models")
     seq, precision = _int(args, "--seq-length"), _precision(args)
     return EngineJob(
         layout=layout, global_batch=batch, model=model, seq_len=seq, train_tokens=_train_tokens(args, batch, seq),
@@ -516,6 +532,7 @@ def _layout_flags(model: ModelSpec, layout: Layout) -> list[str]:
     if layout.cp > 1:
         flags += ["--context-parallel-size", str(layout.cp), "--cp-comm-type", layout.cp_comm_type]
     flags += ["--use-distributed-optimizer"] if layout.zero_stage == 1 else []
+    flags += _overlap_flags(layout)
     if layout.recompute == "selective":
         flags += ["--recompute-granularity", "selective"]
     elif layout.recompute in ("full", "every_k"):
@@ -524,6 +541,14 @@ def _layout_flags(model: ModelSpec, layout: Layout) -> list[str]:
                   "--recompute-num-layers", str(k)]
     flags += ["--attention-backend", "flash" if layout.flash_attention else "unfused"]
     return flags
+
+
+def _overlap_flags(layout: Layout) -> list[str]:
+    """`--tp-comm-overlap` / `--overlap-grad-reduce` / `--overlap-param-gather` as the layout
+    pins them (none when it is not modelled as Megatron or all are off, Megatron's default)."""
+    from planner.timing.megatron_overlap import FLAGS
+
+    return [FLAGS[name] for name in FLAGS if name in (layout.megatron_overlap or ())]
 
 
 def megatron_flags(model: ModelSpec, layout: Layout, setup: TrainSetup) -> list[str]:

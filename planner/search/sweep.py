@@ -86,6 +86,9 @@ class Constraints(Frozen):
     buffers: EngineBuffers = EngineBuffers()
     """The engines' bucket sizes of every candidate (e.g. a DeepSpeed config's), as
     `Layout.buffers`: they reach the memory (buffers) and the step time (exposed last bucket)."""
+    megatron_overlap: tuple[str, ...] | None = None
+    """`Layout.megatron_overlap` of every candidate, as the user pins it (never searched; the
+    pins it needs: `megatron_overlap.sweep_pins`)."""
 
 
 def _allowed(value, pinned) -> bool:
@@ -299,7 +302,10 @@ def enumerate_candidates(model: ModelSpec, cluster: Cluster, setup: TrainSetup,
 def layout_at(cands: LayoutColumns, i: int, c: Constraints | None = None) -> Layout:
     """The typed Layout of candidate i."""
     c = c or Constraints()
-    return cands.to_layout(i, flash_attention=c.flash_attention, buffers=c.buffers)
+    layout = cands.to_layout(i, flash_attention=c.flash_attention, buffers=c.buffers)
+    if c.megatron_overlap is None:
+        return layout
+    return Layout.model_validate(layout.model_dump() | {"megatron_overlap": c.megatron_overlap})
 
 
 _group = group_rows
@@ -647,7 +653,7 @@ def evaluate(model: ModelSpec, cluster: Cluster, setup: TrainSetup, cands: dict[
     out |= steptime.step_columns(model, cluster, setup, cands, tables["max_layers"][inv, 0],
                                  tables["max_params"][inv, 0], flash_attention=c.flash_attention,
                                  buffers=c.buffers, efficiency=efficiency, stage_rows=inv,
-                                 activity=(rows, group))
+                                 activity=(rows, group), megatron_overlap=c.megatron_overlap)
     return out
 
 

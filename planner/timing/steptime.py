@@ -29,7 +29,7 @@ twice the forward's.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -38,6 +38,7 @@ from planner.core import params
 from planner.core.columns import RECOMPUTE_MODES, LayoutColumns, group_rows, on_distinct, piecewise
 from planner.core.errors import PlanInputError
 from planner.timing import collectives, context, expert, gemm, interference, sharded_dp
+from planner.timing import megatron_overlap as mo
 from planner.timing import fp8 as fp8_timing
 from planner.memory import experts
 from planner.memory.context import local_seq_len
@@ -381,16 +382,23 @@ TARGET_CODE = {"none": 0, "cpu": 1, "nvme": 2}
 
 
 def model_parallel_comm_s(r: Rates, tp, pp, vs, m, layers, act_bytes, sp, tp_allreduces,
-                          qkv_gather: tuple = (0.0, None)):
+                          qkv_gather: tuple = (0.0, None), tp_overlap: tuple | None = None):
     """(TP, PP) communication per step. TP rides NVLink unless tp > GPUs per node (NIC share);
     pipeline neighbours share a node only in a one-node job. The pipeline send is one tp slice
     plus an all-gather over the tp link (scatter/gather, `pp_comm_time_s`). `qkv_gather`:
     (QKV output bytes, kv heads) for the QKV all-gather of tp wider than the kv heads
-    (`collectives.qkv_gather_s`, one per pair of the layer's TP all-reduces), part of TP."""
+    (`collectives.qkv_gather_s`, one per pair of the layer's TP all-reduces), part of TP.
+    `tp_overlap`: (forward GEMM seconds of qkv, proj, fc1, fc2, SM margin) under Megatron's
+    `--tp-comm-overlap`: only the exposed part counts (`megatron_overlap.tp_layer_exposed_s`)."""
     tp_in = tp <= r.gpus_per_node  # cross-node tp uses the NIC share
     tp_bw = np.where(tp_in, r.intra_bw, r.inter_bw_per_gpu)
     tp_lat = np.where(tp_in, r.intra_lat, r.inter_lat)
-    tp_comm = tp_comm_time_s(layers, m, tp_allreduces, act_bytes, tp, tp_bw, tp_lat)
+    if tp_overlap is None:
+        tp_comm = tp_comm_time_s(layers, m, tp_allreduces, act_bytes, tp, tp_bw, tp_lat)
+    else:
+        tp_comm = m * layers * mo.tp_layer_exposed_s(
+            ring_collective_s(act_bytes, tp, tp_bw, tp_lat, 1), tp_overlap[0], tp, tp_overlap[1],
+            np.asarray(tp_allreduces) == tp_allreduces_per_layer("full"))
     if qkv_gather[1] is not None:
         tp_comm = tp_comm + m * layers * collectives.qkv_gather_s(
             qkv_gather[0], tp, qkv_gather[1], np.asarray(tp_allreduces) // 2, tp_bw, tp_lat)
@@ -442,6 +450,9 @@ class StageWork:
     tp ranks all-gather when tp is wider than the kv heads (`collectives.qkv_gather_s`)."""
     kv_heads: int | None = None
     """The model's kv heads (None: no QKV all-gather, e.g. MLA, whose heads tp divides)."""
+    tp_overlap: tuple | None = None
+    """Under Megatron's `--tp-comm-overlap`: (forward seconds of the qkv, proj, fc1, fc2 GEMMs
+    of one layer and micro-batch, stacked; the SM margin factor) (`model_parallel_comm_s`)."""
 
 
 @dataclass(frozen=True)
@@ -454,6 +465,8 @@ class ByteSizes:
     """K: fp32 master + grad copy + optimizer states per parameter (recipes)."""
     buffers: EngineBuffers
     """The layout's bucket sizes (`Layout.buffers`; the sweep's `Constraints.buffers`)."""
+    megatron_overlap: tuple[str, ...] | None = None
+    """`Layout.megatron_overlap`: Megatron's DDP / distributed optimizer schedule when set."""
 
 
 def compute_terms(r: Rates, cols: LayoutColumns, work: StageWork) -> dict:
@@ -472,7 +485,8 @@ def compute_terms(r: Rates, cols: LayoutColumns, work: StageWork) -> dict:
     bwd_mb = (compute + recompute + memory) / m - fwd_mb
     tp_comm, pp_comm = model_parallel_comm_s(r, cols["tp"], cols["pp"], cols["virtual_stages"], m,
                                              layers, work.act_bytes, cols["sequence_parallel"],
-                                             work.tp_allreduces, (work.qkv_bytes, work.kv_heads))
+                                             work.tp_allreduces, (work.qkv_bytes, work.kv_heads),
+                                             work.tp_overlap)
     bubble = bubble_time_s(cols["pp"], m, cols["virtual_stages"],
                            compute + recompute + memory + tp_comm + work.ep_comm_s
                            + work.cp_comm_s, work.fill_stages)
@@ -528,8 +542,10 @@ def state_terms(r: Rates, cols: LayoutColumns, layers, stage_params, shard_param
     opt_target, param_target = cols["offload_optimizer"], cols["offload_params"]
     grad_b, param_b = sizes.grad_bytes, sizes.param_bytes
     dp_local = np.minimum(np.maximum(node // tp, 1), dp)  # dp ranks sharing a node
-    bucket = last_bucket_bytes(zero, grad_b, sizes.buffers.reduce_bucket_elements,
-                               sizes.buffers.ddp_bucket_bytes)
+    megatron = sizes.megatron_overlap
+    bucket = (last_bucket_bytes(zero, grad_b, sizes.buffers.reduce_bucket_elements,
+                                sizes.buffers.ddp_bucket_bytes) if megatron is None
+              else mo.bucket_params(dp) * grad_b)
     shape = zero.shape
     layers, stage_params, shard, dp_local, bucket, m, fwd_mb_s, bwd_mb_s = (
         np.broadcast_to(x, shape) for x in (layers, stage_params, shard_params, dp_local, bucket,
@@ -547,6 +563,13 @@ def state_terms(r: Rates, cols: LayoutColumns, layers, stage_params, shard_param
     layer_comm = (coll["layer_gather_s"], coll["layer_reduce_s"], coll["prefetch"])
 
     def ddp_zero12(rows):
+        if megatron is not None:  # Megatron's bucket order (planner.timing.megatron_overlap)
+            return mo.dp_exposed_s(zero[rows], coll["grad_half_s"][rows],
+                                   coll["param_half_s"][rows], coll["bucket_half_s"][rows],
+                                   # named approximation: the parameter bucket's time scaled
+                                   # from the gradient bucket's by bytes (latency too)
+                                   coll["bucket_half_s"][rows] * param_b / grad_b,
+                                   fwd_mb_s[rows], bwd_mb_s[rows], megatron, r.interference)
         return dp_comm_times_s(zero[rows], m[rows], coll["grad_half_s"][rows],
                                coll["param_half_s"][rows], coll["bucket_half_s"][rows],
                                fwd_mb_s[rows], bwd_mb_s[rows], r.interference)
@@ -686,7 +709,8 @@ def step_columns(model: ModelSpec, cluster: Cluster, setup: TrainSetup, cols: La
                  buffers: EngineBuffers = DEFAULT_BUFFERS,
                  efficiency: float | None = None,
                  stage_rows: np.ndarray | None = None,
-                 activity: tuple[np.ndarray, np.ndarray] | None = None) -> dict[str, np.ndarray]:
+                 activity: tuple[np.ndarray, np.ndarray] | None = None,
+                 megatron_overlap: tuple[str, ...] | None = None) -> dict[str, np.ndarray]:
     """Every step term and rate of each layout row, float64 columns: `estimate_step` is its
     length-1 evaluation, the sweep evaluates all candidates. `layers`, `stage_params`: the
     largest stage's layers and per-GPU parameters of each row (`stage_layers_and_params`);
@@ -696,6 +720,7 @@ def step_columns(model: ModelSpec, cluster: Cluster, setup: TrainSetup, cols: La
     the ZeRO / offload / engine fields and each row's group (`columns.activity_groups`): the
     stage work and `compute_terms`, which read none of those fields, are evaluated on `rows`
     only and gathered back (`step_terms`); the same values as on every row.
+    `megatron_overlap`: `Layout.megatron_overlap`, one value for every row.
     FLOPs come from planner.core.flops once per recompute mode present."""
     r = cluster_rates(cluster, setup, efficiency)
     all_cols, rows = cols, None if activity is None else activity[0]
@@ -745,9 +770,12 @@ def step_columns(model: ModelSpec, cluster: Cluster, setup: TrainSetup, cols: La
     if prec.fp8_scaling is not None:  # fp8 GEMMs at the fp8 peak, casts (planner.timing.fp8)
         work = fp8_timing.fp8_work(work, model, cluster, setup, cols, r.efficiency,
                                    flash_attention, efficiency)
+    if megatron_overlap is not None and "tp_comm" in megatron_overlap:
+        work = replace(work, tp_overlap=tp_overlap_gemms(model, cluster, cols, b * tokens,
+                                                         r.peak_flops_per_s, work.efficiency))
     sizes = ByteSizes(grad_bytes=prec.grad_bytes, param_bytes=prec.param_bytes,
                       optimizer_bytes=optimizer_bytes_per_param(prec, setup.optimizer),
-                      buffers=buffers)
+                      buffers=buffers, megatron_overlap=megatron_overlap)
     terms = step_terms(r, all_cols, work, sizes, activity)
     rec = all_cols["recompute"]
     rates = rate_terms(r, terms["step_s"], setup.global_batch * setup.seq_len,
@@ -763,6 +791,19 @@ def gather(value, activity: tuple[np.ndarray, np.ndarray] | None):
     if activity is None or np.ndim(value) == 0:
         return value
     return np.asarray(value).take(activity[1])
+
+
+def tp_overlap_gemms(model: ModelSpec, cluster: Cluster, cols: LayoutColumns, tokens,
+                     peak_flops_per_s, efficiency) -> tuple:
+    """`StageWork.tp_overlap` of each row: the block's four TP GEMMs at the row's matmul
+    efficiency (named approximation, planner.timing.megatron_overlap) and the GPU's SM margin.
+    MoE blocks: fc1 / fc2 taken as one dense GEMM of the expert width over all tokens (named
+    approximation; expert GEMMs are not userbuffers-overlapped in Megatron)."""
+    width = model.expert_ffn_size if model.is_moe else model.ffn_hidden_size
+    flops = mo.block_gemm_flops(model.hidden_size, params.qkv_width(model),
+                                model.num_heads * model.head_size, width,
+                                model.mlp == "swiglu", tokens, cols["tp"])
+    return flops / (peak_flops_per_s * efficiency), mo.margin_factor(cluster.gpu.sm_count)
 
 
 def _float_column(value, shape: tuple[int, ...]) -> np.ndarray:
@@ -784,6 +825,6 @@ def estimate_step(model: ModelSpec, cluster: Cluster, layout: Layout, setup: Tra
     cols = step_columns(model, cluster, setup, LayoutColumns.from_layout(layout),
                         np.array([layers]), np.array([stage_params]),
                         flash_attention=layout.flash_attention, buffers=layout.buffers,
-                        efficiency=efficiency)
+                        efficiency=efficiency, megatron_overlap=layout.megatron_overlap)
     values = {k: float(v[0]) for k, v in cols.items() if k in StepEstimate.model_fields}
     return StepEstimate(**values, compute_efficiency=float(cols["efficiency"][0]))

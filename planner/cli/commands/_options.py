@@ -187,6 +187,12 @@ FlashAttentionOpt = Annotated[Optional[bool], typer.Option(
     "--flash-attention/--no-flash-attention",
     help="Fused attention: no s x s tensors saved (default: on, as Megatron/TE and HF SDPA run).",
     rich_help_panel=LAYOUT)]
+MegatronOverlapOpt = Annotated[Optional[str], typer.Option(
+    "--megatron-overlap",
+    help="Megatron-Core overlaps switched on: tp_comm (--tp-comm-overlap), grad_reduce "
+         "(--overlap-grad-reduce), param_gather (--overlap-param-gather), comma-separated, or "
+         "none (Megatron's defaults, all off). Unset: the generic schedule (gradient reduction "
+         "behind backward).", rich_help_panel=LAYOUT)]
 TempoOpt = Annotated[Optional[str], typer.Option(
     "--tempo", help="Tempo techniques: gelu,layernorm,dropout or all.", rich_help_panel=LAYOUT)]
 MicroBatchOpt = Annotated[Optional[int], typer.Option(
@@ -299,6 +305,21 @@ def tempo_techniques(value: Optional[str]) -> tuple[str, ...]:
     if value == "all":
         return ("gelu", "layernorm", "dropout")
     return tuple(part.strip() for part in value.split(",") if part.strip())
+
+
+def megatron_overlaps(value: Optional[str]) -> Optional[tuple[str, ...]]:
+    """`--megatron-overlap tp_comm,grad_reduce` as a tuple; `none` -> (); unset -> None."""
+    if value is None:
+        return None
+    names = tuple(part.strip() for part in value.split(",") if part.strip())
+    if names == ("none",):
+        return ()
+    allowed = ("tp_comm", "grad_reduce", "param_gather")
+    for name in names:
+        if name not in allowed:
+            raise PlanInputError("megatron_overlap",
+                                 f"{name!r}: allowed {', '.join(allowed)} or none")
+    return names
 
 
 def layout_from_flags(

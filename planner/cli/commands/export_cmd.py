@@ -39,6 +39,7 @@ def export(
     recompute_every_k: opt.RecomputeEveryKOpt = None,
     sequence_parallel: opt.SequenceParallelOpt = None,
     flash_attention: opt.FlashAttentionOpt = None,
+    megatron_overlap: opt.MegatronOverlapOpt = None,
     micro_batch: opt.MicroBatchOpt = None,
     grad_accum: opt.GradAccumOpt = None,
     seq_len: opt.SeqLenOpt = None,
@@ -79,7 +80,7 @@ def export(
         last_stage_layers=last_stage_layers, dp_engine=dp_engine, zero_stage=zero, offload_optimizer=offload_optimizer,
         offload_params=offload_params, recompute=recompute, recompute_every_k=recompute_every_k,
         sequence_parallel=sequence_parallel, flash_attention=flash_attention, micro_batch=micro_batch,
-        grad_accum=grad_accum,
+        grad_accum=grad_accum, megatron_overlap=opt.megatron_overlaps(megatron_overlap),
     )
     given = any(v is not None for v in layout_fields.values())
     if job is not None:

@@ -37,6 +37,7 @@ def fit(
     sequence_parallel: opt.SequenceParallelOpt = None,
     flash_attention: opt.FlashAttentionOpt = None,
     tempo: opt.TempoOpt = None,
+    megatron_overlap: opt.MegatronOverlapOpt = None,
     micro_batch: opt.MicroBatchOpt = None,
     grad_accum: opt.GradAccumOpt = None,
     seq_len: opt.SeqLenOpt = None,
@@ -85,7 +86,7 @@ def fit(
         last_stage_layers=last_stage_layers, dp_engine=dp_engine, zero_stage=zero, offload_optimizer=offload_optimizer,
         offload_params=offload_params, recompute=recompute, recompute_every_k=recompute_every_k,
         sequence_parallel=sequence_parallel, flash_attention=flash_attention,
-        tempo=opt.tempo_techniques(tempo) or None, micro_batch=micro_batch, grad_accum=grad_accum,
+        tempo=opt.tempo_techniques(tempo) or None, megatron_overlap=opt.megatron_overlaps(megatron_overlap), micro_batch=micro_batch, grad_accum=grad_accum,
     )
     if any(value is not None for value in layout_fields.values()):
         layout, batch = opt.layout_from_flags(hardware, global_batch, **layout_fields)

@@ -117,6 +117,7 @@ def register(app: typer.Typer) -> None:
         offload_params: opt.OffloadParamsPinsOpt = None,
         no_offload: Annotated[bool, typer.Option("--no-offload", help="Keep everything on the GPUs.")] = False,
         sequence_parallel: opt.SequenceParallelOpt = None,
+        megatron_overlap: opt.MegatronOverlapOpt = None,
         max_tp: Annotated[Optional[int], typer.Option("--max-tp", min=1, help="Largest tp.")] = None,
         max_pp: Annotated[Optional[int], typer.Option("--max-pp", min=1, help="Largest pp.")] = None,
         max_virtual_stages: Annotated[Optional[int], typer.Option(
@@ -148,6 +149,7 @@ def register(app: typer.Typer) -> None:
         Exit 0 when a layout fits (for at least one GPU count), 1 when none does."""
         from planner.core import columns
         from planner.search import sweep
+        from planner.timing.megatron_overlap import sweep_pins
         from planner.io.jobfile import make_setup
         from planner.cli.report import human_console, progress_console
         from planner.cli.report import sweep as report
@@ -169,22 +171,26 @@ def register(app: typer.Typer) -> None:
         setup = setups[0]
         console = progress_console()
         buffers = _deepspeed_buffers(deepspeed, spec.hidden_size, console)
+        overlap = opt.megatron_overlaps(megatron_overlap)
+        zero_pins, engine_pins, sp_pins = sweep_pins(
+            overlap, _ints("zero", zero), _choices("dp_engine", dp_engine, columns.DP_ENGINES),
+            None if sequence_parallel is None else (sequence_parallel,))
         constraints = sweep.Constraints(
             tp=_ints("tp", tp), pp=_ints("pp", pp), dp=_ints("dp", dp), ep=_ints("ep", ep),
             cp=_ints("cp", cp),
             cp_comm_type=_choices("cp_comm_type", cp_comm_type, columns.CP_COMM_TYPES),
-            virtual_stages=_ints("virtual_stages", virtual_stages), zero_stage=_ints("zero", zero),
+            virtual_stages=_ints("virtual_stages", virtual_stages), zero_stage=zero_pins,
             micro_batch=_ints("micro_batch", micro_batch),
             recompute=_choices("recompute", recompute, sweep.RECOMPUTE_MODES),
-            dp_engine=_choices("dp_engine", dp_engine, columns.DP_ENGINES),
+            dp_engine=engine_pins,
             offload_optimizer=("none",) if no_offload
             else _choices("offload_optimizer", offload_optimizer, sweep.TARGETS),
             offload_params=("none",) if no_offload
             else _choices("offload_params", offload_params, sweep.TARGETS),
-            sequence_parallel=None if sequence_parallel is None else (sequence_parallel,),
+            sequence_parallel=sp_pins,
             max_tp=max_tp, max_pp=max_pp, max_virtual_stages=max_virtual_stages,
             allow_cross_node_tp=allow_cross_node_tp, flash_attention=flash_attention is not False,
-            buffers=buffers,
+            buffers=buffers, megatron_overlap=overlap,
         )
         if any(z not in (0, 1, 2, 3) for z in constraints.zero_stage or ()):
             raise PlanInputError("zero", f"ZeRO stages are 0, 1, 2, 3; got {zero}")

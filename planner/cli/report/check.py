@@ -41,6 +41,8 @@ def layout_label(result: CheckResult) -> str:
     parts += [f"params->{lay.offload_params}"] if lay.offload_params != "none" else []
     parts += [f"recompute={lay.recompute}"] if lay.recompute != "none" else []
     parts += [f"mb{lay.micro_batch}x{lay.grad_accum}"]
+    if lay.megatron_overlap is not None:
+        parts += ["megatron_overlap=" + (",".join(lay.megatron_overlap) or "none")]
     return " ".join(parts)
 
 

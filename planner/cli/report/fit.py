@@ -86,6 +86,8 @@ def _layout_line(result: FitResult) -> str:
         parts.append("sequence_parallel")
     if layout.flash_attention:
         parts.append("flash_attention")
+    if layout.megatron_overlap is not None:
+        parts.append("megatron_overlap=" + (",".join(layout.megatron_overlap) or "none"))
     return " ".join(parts)
 
 
