@@ -16,8 +16,9 @@ file, the key and the line(s):
 YAML: PyYAML's SafeLoader (YAML 1.1) with `construct_mapping` checking keys and the composed node
 graph measured before anything is constructed; libyaml (PyYAML's C parser) reads the documents
 it parses cleanly and that nest at most `C_MAX_DEPTH` deep, and the pure-Python reader everything
-else, so every refusal is worded by one reader (tests/test_strict_yaml.py compares the two). JSON: the standard library's decoder with
-`object_pairs_hook` (duplicates) and `parse_constant` / `parse_float` (non-finite numbers).
+else, so every refusal is worded by one reader (tests/test_strict_yaml.py compares the two).
+JSON: the standard library's decoder with `object_pairs_hook` (duplicates) and `parse_constant` /
+`parse_float` (non-finite numbers).
 """
 
 from __future__ import annotations
@@ -116,13 +117,13 @@ _CSafeLoader: Any = getattr(yaml, "CSafeLoader", None)
 """PyYAML's libyaml binding, when PyYAML was built with it (the wheels are)."""
 _StrictCLoader: Any = (type("_StrictCLoader", (_StrictConstructor, _CSafeLoader), {})
                        if _CSafeLoader is not None else None)
-"""The same constructor over libyaml's parser and composer: ~8x faster on the shipped profiles
-(benchmarks/cli_latency.py, issue 9). Used only for documents that libyaml parses without an
+"""The same constructor over libyaml's parser and composer: 8x faster on the shipped YAML files
+(0.36 ms each instead of 3.07 ms; docs/cli_latency.md, issue 9). Used only for documents that libyaml parses without an
 error and that nest at most `C_MAX_DEPTH` deep (its composer recurses in C, unguarded: 50,000
 nested brackets crash the interpreter); anything else, and any refusal, is read again by
 `_StrictLoader`, so every error message is the pure-Python reader's."""
 C_MAX_DEPTH = 64
-"""Deepest nesting read with libyaml (the shipped files nest 4 deep). At this depth the
+"""Deepest nesting read with libyaml (the shipped files nest at most 3 deep). At this depth the
 pure-Python reader is far from Python's recursion limit too, so both readers accept it."""
 
 
