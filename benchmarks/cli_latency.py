@@ -7,8 +7,12 @@ the minimum CPU seconds (user + system of the process and its threads: less sens
 jobs on the machine than wall-clock, which depends on the machine and its load; compare figures
 on one machine, and prefer the minimum).
 
-Floors printed with them: the interpreter's own start-up (`python -c pass`) and the imports the
-planner cannot do without: numpy (the array model), pydantic (the typed inputs), PyYAML and typer.
+Floors printed with them: the interpreter's own start-up (`python -c pass`) and the work the
+planner cannot do without: importing numpy (the array model), pydantic (the typed inputs), PyYAML
+and typer, and validating one pydantic model (pydantic imports its field and type modules on the
+first model, and its plugin lookup imports `importlib.metadata` and reads the entry points of
+every installed distribution on the first validation); `fit` also imports rich to draw its
+tables.
 
 Python's compiled-bytecode cache is on for the runs, as for an installed package (pip writes
 it at install time): the children get PYTHONPYCACHEPREFIX, a temporary directory, so the source
@@ -16,13 +20,20 @@ tree stays clean, and PYTHONDONTWRITEBYTECODE is removed from their environment 
 every run compiled the planner's ~40 modules again, ~0.1 s). The untimed warm-up run fills the
 cache. `--no-bytecode-cache` measures the other case.
 
-    python benchmarks/cli_latency.py [--runs 7] [--no-bytecode-cache]
+`--instructions` adds the instructions each command executes (valgrind's callgrind, when
+installed; one run each, ~30x slower): a count that does not depend on the machine's load, so a
+change can be measured on a busy machine. Python 3.11.7 and the same installed packages give the
+same counts to within ~1 %.
+
+    python benchmarks/cli_latency.py [--runs 7] [--no-bytecode-cache] [--instructions]
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -34,10 +45,15 @@ ROOT = Path(__file__).resolve().parents[1]
 ZPLAN = Path(sys.executable).with_name("zplan")
 PYTHON = sys.executable
 
+FLOOR_CHECK = ("import numpy, yaml, typer; from pydantic import BaseModel, Field\n"
+               "class M(BaseModel):\n    x: int = Field(1, gt=0)\nM(x=2)")
+
 COMMANDS = {
     "python -c pass (floor)": [PYTHON, "-c", "pass"],
     "import numpy, pydantic.BaseModel": [PYTHON, "-c", "import numpy; from pydantic import BaseModel"],
-    "  + yaml, typer (floor of fit/check)": [PYTHON, "-c", "import numpy, yaml, typer; from pydantic import BaseModel"],
+    "  + yaml, typer": [PYTHON, "-c", "import numpy, yaml, typer; from pydantic import BaseModel"],
+    "  + one model validated (floor of check)": [PYTHON, "-c", FLOOR_CHECK],
+    "  + rich.table (floor of fit)": [PYTHON, "-c", FLOOR_CHECK + "; import rich.console, rich.table"],
     "zplan --help": [str(ZPLAN), "--help"],
     "zplan check examples/job.yaml": [str(ZPLAN), "check", str(ROOT / "examples" / "job.yaml")],
     "zplan fit (layout given)": [str(ZPLAN), "fit", "--model", "gpt3-175b", "--cluster", "dgx2x32", "--tp", "8",
@@ -61,6 +77,17 @@ def measure(argv: list[str], runs: int, env: dict[str, str]) -> tuple[list[float
     return [wall for wall, _ in pairs], [cpu for _, cpu in pairs]
 
 
+def instructions(argv: list[str], env: dict[str, str]) -> int | None:
+    """Instructions executed by one run under valgrind's callgrind (None without valgrind)."""
+    valgrind = shutil.which("valgrind")
+    if valgrind is None:
+        return None
+    run = subprocess.run([valgrind, "--tool=callgrind", "--callgrind-out-file=/dev/null", *argv],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
+    found = re.search(r"Collected : (\d+)", run.stderr)
+    return int(found.group(1)) if found else None
+
+
 def child_env(cache_dir: str | None) -> dict[str, str]:
     """The environment of the runs: the bytecode cache in `cache_dir`; when None, none written
     (modules without a `__pycache__` next to them, the planner's in a source checkout, are
@@ -80,6 +107,8 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=7)
     parser.add_argument("--no-bytecode-cache", action="store_true",
                         help="every run compiles the modules from source (PYTHONDONTWRITEBYTECODE)")
+    parser.add_argument("--instructions", action="store_true",
+                        help="also count each command's instructions with valgrind (callgrind)")
     args = parser.parse_args()
     if not ZPLAN.is_file():
         sys.exit(f"no installed zplan next to {sys.executable}; pip install -e . first")
@@ -88,10 +117,15 @@ def main() -> None:
         load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
         cache = "off" if args.no_bytecode_cache else "on"
         print(f"{args.runs} runs each, bytecode cache {cache}, load average {load:.1f}, {os.cpu_count()} cores")
-        print(f"{'command':38} {'min s':>7} {'median s':>9} {'min CPU s':>10}")
+        print(f"{'command':42} {'min s':>7} {'median s':>9} {'min CPU s':>10}"
+              + (f" {'M instr':>8}" if args.instructions else ""))
         for name, argv in COMMANDS.items():
             walls, cpus = measure(argv, args.runs, env)
-            print(f"{name:38} {min(walls):7.3f} {statistics.median(walls):9.3f} {min(cpus):10.3f}")
+            line = f"{name:42} {min(walls):7.3f} {statistics.median(walls):9.3f} {min(cpus):10.3f}"
+            if args.instructions:
+                count = instructions(argv, env)
+                line += f" {count / 1e6:8.0f}" if count is not None else "       -"
+            print(line)
 
 
 if __name__ == "__main__":

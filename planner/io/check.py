@@ -12,7 +12,6 @@ from planner.search.suggest import Suggestion, suggest_changes
 from planner.memory.plan import MemoryPlan, plan_memory
 from planner.core.errors import PlanInputError
 from planner.core.spec import Cluster, Frozen, Layout, ModelSpec, TrainSetup
-from planner.search.strategies import cluster_with_gpus
 
 Source = Literal["job", "deepspeed", "megatron", "accelerate"]
 
@@ -77,6 +76,7 @@ def check_deepspeed(path: Path, model: ModelSpec, cluster: Cluster, *, num_gpus:
     tp, pp, global_batch, micro_batch, grad_accum, precision, recompute, ... (None = not given).
     """
     from planner.io.deepspeed import layout_from_deepspeed, read_deepspeed_config
+    from planner.search.strategies import cluster_with_gpus
 
     config = read_deepspeed_config(path)
     hardware = cluster_with_gpus(cluster, num_gpus or cluster.num_gpus)
@@ -105,6 +105,7 @@ def check_accelerate(path: Path, model: ModelSpec, cluster: Cluster, *, num_gpus
     nearly always a transformers one, whose default attention is SDPA (modeling_utils.py
     `get_correct_attn_implementation`, transformers 5.23.0)."""
     from planner.io.accelerate_config import job_from_accelerate, num_processes, read_accelerate_config
+    from planner.search.strategies import cluster_with_gpus
 
     config = read_accelerate_config(path)
     processes = num_processes(config, num_gpus)
@@ -136,6 +137,7 @@ def check_megatron(path: Path, cluster: Cluster, *, num_gpus: int | None, tokens
     command line's --gpus, or the whole cluster, in that order. Tokens: `tokens`, else the
     line's --train-samples / --train-iters, else `default_tokens`."""
     from planner.io.megatron import job_from_megatron, read_megatron_args
+    from planner.search.strategies import cluster_with_gpus
 
     launcher, args = read_megatron_args(path)
     gpus_given = bool(num_gpus) or "--nproc-per-node" in launcher

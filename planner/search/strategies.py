@@ -24,7 +24,6 @@ from planner.core import params
 from planner.core.columns import LayoutColumns
 from planner.memory import activations, model_states
 from planner.memory.plan import plan_memory, stage_transient_column
-from planner.search import sweep
 from planner.core.spec import Cluster, Frozen, Layout, ModelSpec, TrainSetup
 
 MAX_NODES = 1 << 16
@@ -204,6 +203,8 @@ def _ddp_minimum(model: ModelSpec, cluster: Cluster, setup: TrainSetup) -> Strat
 def _megatron_minimum(model: ModelSpec, cluster: Cluster, setup: TrainSetup) -> StrategyMinimum:
     """Fewest GPUs over tp (within a node, the rule table's tp rule) x pp x dp with ZeRO-1
     (004 §3.5.2)."""
+    from planner.search import sweep  # here, not at the top: `zplan fit` with a layout needs no sweep
+
     best: Layout | None = None
     candidates = list(range(1, cluster.node.gpus_per_node + 1))
     tps = [t for t, ok in zip(candidates, sweep._tp_ok(model, cluster, setup, candidates)) if ok]

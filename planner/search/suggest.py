@@ -17,6 +17,8 @@ then the largest headroom.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from planner.core import rules
@@ -24,7 +26,9 @@ from planner.core.columns import LayoutColumns
 from planner.core.errors import PlanInputError
 from planner.core.spec import Cluster, Frozen, Layout, ModelSpec, TrainSetup
 from planner.memory.plan import plan_memory
-from planner.search.strategies import StrategyMinimum
+
+if TYPE_CHECKING:  # only a signature's annotation: `zplan check` does not import the strategies
+    from planner.search.strategies import StrategyMinimum
 
 CHANGE_COST = {"recompute": 0, "micro_batch": 1, "zero": 2, "offload": 3, "gpus": 4}
 """Rank of each kind of change (lower: offered first). A judgement, not a measurement: the
