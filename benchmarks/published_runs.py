@@ -321,7 +321,8 @@ def data_row_build(run: PublicRun, level: float | None = None
                     first_stage_layers=first, last_stage_layers=last,
                     sequence_parallel=(fused and run.tp > 1 if run.sequence_parallel is None
                                        else run.sequence_parallel),
-                    flash_attention=fused, megatron_overlap=run.megatron_overlap)
+                    flash_attention=fused if run.flash_attention is None
+                    else run.flash_attention, megatron_overlap=run.megatron_overlap)
     precision = "megatron-fp16" if run.gpu.startswith("v100") else "megatron-bf16"
     setup = TrainSetup(seq_len=run.model.seq_len, global_batch=batch, train_tokens=300e9,
                        precision=get_precision(precision), optimizer=get_optimizer("adam"))
