@@ -252,6 +252,19 @@ def data_zero_stage(run: PublicRun) -> int:
     return 1 if "zero1" in engine else 0
 
 
+def data_dp_engine(run: PublicRun) -> str:
+    """The sharded-DP schedule a row is evaluated with: every FSDP flavour (FSDP2, PyTorch FSDP1
+    as in Composer, FairScale FSDP as in metaseq) with the FSDP schedule (`sharded_dp.fsdp2_step`:
+    one unit prefetched ahead), DeepSpeed rows with DeepSpeed's. FSDP1's one-ahead prefetch:
+    torch 2.13 torch/distributed/fsdp/_runtime_utils.py `_pre_forward_unshard` (the unit's
+    all-gather on the unshard stream, the CPU running ahead rate-limited by `limit_all_gathers`'
+    `_free_event_queue` to two gathers in flight) and `_prefetch_handle` (BACKWARD_PRE prefetch
+    of the next unit in backward). Named approximation: FSDP1 all-gathers straight into its flat
+    parameter (no copy-out) but divides and casts the unsharded gradient in place; it is given
+    FSDP2's copy traffic (`sharded_dp.fsdp2_copy_bytes`), of the same order."""
+    return "fsdp2" if "fsdp" in run.engine and "deepspeed" not in run.engine else "deepspeed"
+
+
 def data_category(run: PublicRun) -> str:
     if run.category == "moe":
         return "moe"
@@ -316,7 +329,7 @@ def data_row_build(run: PublicRun, level: float | None = None
     recompute = "selective" if run.recompute == "unknown" else run.recompute
     fused = run.model.num_kv_heads is not None or run.engine.startswith("megatron-core")
     layout = Layout(tp=run.tp, pp=run.pp, dp=run.dp, cp=run.cp, zero_stage=data_zero_stage(run),
-                    dp_engine="fsdp2" if "fsdp2" in run.engine else "deepspeed",
+                    dp_engine=data_dp_engine(run),
                     recompute=recompute, micro_batch=run.micro_batch, grad_accum=m,
                     first_stage_layers=first, last_stage_layers=last,
                     sequence_parallel=(fused and run.tp > 1 if run.sequence_parallel is None
