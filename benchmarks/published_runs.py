@@ -8,7 +8,8 @@ Then every row of benchmarks/data/published_runs.yaml is evaluated with the ship
 mean / max |error| is printed per category (Megatron-style tp/pp on A100; ZeRO-3/FSDP; other
 GPUs) for the in-sample rows, the rows seen since session 8 (the first out-of-sample split),
 the rows seen since session 10 (out_of_sample_2) and the session-11 held-out rows
-(out_of_sample_3) SEPARATELY (`category_report`). Each split is
+(out_of_sample_3, seen since s11) and the held-out MosaicML FSDP rows (out_of_sample_4)
+SEPARATELY (`category_report`, `split_group_report`). Each split is
 the data file's, fixed before any error on it was computed; out-of-sample errors are reported,
 never fitted.
 
@@ -252,6 +253,19 @@ def data_zero_stage(run: PublicRun) -> int:
     return 1 if "zero1" in engine else 0
 
 
+def data_dp_engine(run: PublicRun) -> str:
+    """The sharded-DP schedule a row is evaluated with: every FSDP flavour (FSDP2, PyTorch FSDP1
+    as in Composer, FairScale FSDP as in metaseq) with the FSDP schedule (`sharded_dp.fsdp2_step`:
+    one unit prefetched ahead), DeepSpeed rows with DeepSpeed's. FSDP1's one-ahead prefetch:
+    torch 2.13 torch/distributed/fsdp/_runtime_utils.py `_pre_forward_unshard` (the unit's
+    all-gather on the unshard stream, the CPU running ahead rate-limited by `limit_all_gathers`'
+    `_free_event_queue` to two gathers in flight) and `_prefetch_handle` (BACKWARD_PRE prefetch
+    of the next unit in backward). Named approximation: FSDP1 all-gathers straight into its flat
+    parameter (no copy-out) but divides and casts the unsharded gradient in place; it is given
+    FSDP2's copy traffic (`sharded_dp.fsdp2_copy_bytes`), of the same order."""
+    return "fsdp2" if "fsdp" in run.engine and "deepspeed" not in run.engine else "deepspeed"
+
+
 def data_category(run: PublicRun) -> str:
     if run.category == "moe":
         return "moe"
@@ -316,12 +330,13 @@ def data_row_build(run: PublicRun, level: float | None = None
     recompute = "selective" if run.recompute == "unknown" else run.recompute
     fused = run.model.num_kv_heads is not None or run.engine.startswith("megatron-core")
     layout = Layout(tp=run.tp, pp=run.pp, dp=run.dp, cp=run.cp, zero_stage=data_zero_stage(run),
-                    dp_engine="fsdp2" if "fsdp2" in run.engine else "deepspeed",
+                    dp_engine=data_dp_engine(run),
                     recompute=recompute, micro_batch=run.micro_batch, grad_accum=m,
                     first_stage_layers=first, last_stage_layers=last,
                     sequence_parallel=(fused and run.tp > 1 if run.sequence_parallel is None
                                        else run.sequence_parallel),
-                    flash_attention=fused, megatron_overlap=run.megatron_overlap)
+                    flash_attention=fused if run.flash_attention is None
+                    else run.flash_attention, megatron_overlap=run.megatron_overlap)
     precision = "megatron-fp16" if run.gpu.startswith("v100") else "megatron-bf16"
     setup = TrainSetup(seq_len=run.model.seq_len, global_batch=batch, train_tokens=300e9,
                        precision=get_precision(precision), optimizer=get_optimizer("adam"))
@@ -411,16 +426,38 @@ def evaluated_rows() -> list[tuple[str, str, str, float, float | None, float | N
     return out
 
 
-EVALUATED_SPLITS = ("in_sample", "out_of_sample", "out_of_sample_2", "out_of_sample_3")
+EVALUATED_SPLITS = ("in_sample", "out_of_sample", "out_of_sample_2", "out_of_sample_3",
+                    "out_of_sample_4")
 """Splits whose model errors are computed. out_of_sample_2 joined after session 10's
 structural work; out_of_sample_3 joined once, after session 11's (the Megatron overlaps) was
-committed (the YAML's THIRD SPLIT RULE); no structural change may follow."""
+committed (the YAML's THIRD SPLIT RULE); out_of_sample_4 (MosaicML llm-foundry FSDP tables)
+joined once, after session 11's sharded-DP work (FSDP2 copies, the FSDP schedule for FSDP1
+rows) was committed (FOURTH SPLIT RULE); no structural change may follow."""
 
 SPLIT_LABELS = {"in_sample": "in_sample", "out_of_sample": "seen since s8",
-                "out_of_sample_2": "seen since s10", "out_of_sample_3": "out_of_sample_3"}
+                "out_of_sample_2": "seen since s10", "out_of_sample_3": "seen since s11",
+                "out_of_sample_4": "out_of_sample_4"}
 """How each split is reported: the session-8 out-of-sample rows have been seen since session 8
 and the session-10 ones since session 10 (errors looked at while building the model), so they
-are no longer clean held-out evidence; out_of_sample_3 is."""
+are no longer clean held-out evidence; out_of_sample_3 was evaluated once by t10b (session 11)
+and is seen since; out_of_sample_4 is the held-out split."""
+
+
+def split_group_report(rows, split: str = "out_of_sample_4") -> list[str]:
+    """Mean / max |error| of one split's rows by GPU and by single node (8 GPUs) vs multi-node
+    (the grouping fixed with the FOURTH SPLIT RULE, before the split's errors were computed)."""
+    runs = {r.name: r for r in load_runs()}
+    lines = [f"{'split':<16} {'gpu':<10} {'nodes':<6} {'rows':>4} {'mean |err|':>10} "
+             f"{'max |err|':>9} {'mean err':>9}"]
+    sel = [(runs[r[0]], r[5]) for r in rows if r[1] == split and r[5] is not None]
+    for gpu in sorted({run.gpu for run, _ in sel}):
+        for nodes, pick in (("1", lambda n: n <= 8), (">1", lambda n: n > 8), ("all", bool)):
+            errs = [e for run, e in sel if run.gpu == gpu and pick(run.num_gpus)]
+            if errs:
+                lines.append(f"{SPLIT_LABELS[split]:<16} {gpu:<10} {nodes:<6} {len(errs):>4} "
+                             f"{sum(map(abs, errs)) / len(errs):>9.1f}% "
+                             f"{max(map(abs, errs)):>8.1f}% {sum(errs) / len(errs):>+8.1f}%")
+    return lines
 
 
 def published_metric(run: PublicRun) -> float:
@@ -480,6 +517,8 @@ def main(argv: list[str] | None = None) -> None:
     print("\n(note MFU: % MFU; tokens/s: tokens per second per GPU; the others TFLOP/s per GPU,"
           " counted as the source counts)\n")
     print("\n".join(category_report(rows)))
+    print("\nout_of_sample_4 (MosaicML llm-foundry MPT, Composer FSDP FULL_SHARD) by GPU and nodes")
+    print("\n".join(split_group_report(rows)))
     if args.loo:
         print("\nleave-one-out: fit on one row, errors on the other nine")
         print(f"{'fit row':>9} {'efficiency':>10} {'mean |err|':>10} {'max |err|':>9}")

@@ -43,9 +43,11 @@ class PublicRun(Frozen):
     """One published run: layout, measured throughput, citation, split."""
 
     name: str
-    split: Literal["in_sample", "out_of_sample", "out_of_sample_2", "out_of_sample_3"]
+    split: Literal["in_sample", "out_of_sample", "out_of_sample_2", "out_of_sample_3",
+                   "out_of_sample_4"]
     """out_of_sample_2: sources added in session 10 (the YAML's NEW SPLIT RULE);
-    out_of_sample_3: session 11 (THIRD SPLIT RULE)."""
+    out_of_sample_3: session 11 (THIRD SPLIT RULE); out_of_sample_4: session 11, the MosaicML
+    llm-foundry FSDP tables (FOURTH SPLIT RULE)."""
     category: Literal["dense", "moe"] = "dense"
     """`moe`: a mixture-of-experts run (an evaluator without expert parallelism skips it)."""
     paper: str
@@ -68,6 +70,9 @@ class PublicRun(Frozen):
     sequence_parallel: bool | None = None
     """Megatron sequence parallelism as the row states or assumes; None: on for Megatron-Core
     rows with tp > 1 (benchmarks/published_runs.py data_row_error)."""
+    flash_attention: bool | None = None
+    """The row's attention kernel is fused (flash); None: fused for rows with GQA heads or a
+    megatron-core engine (benchmarks/published_runs.py data_row_build)."""
     engine: str
     tflops_per_gpu: float | None = None
     """The published TFLOP/s per GPU; None when the source publishes tokens per second."""
@@ -80,6 +85,11 @@ class PublicRun(Frozen):
     iteration_time_s: float | None = None
     """The published iteration time, where given."""
     mfu: float | None = None
+    num_params: int | None = None
+    """The parameter count the source states, where given (a transcription cross-check)."""
+    cross_check: dict[str, float] | None = None
+    """Other columns of the source's row (grad_accum, samples_per_s, tokens_per_s, ...), kept
+    only so tests can check the transcription's internal consistency."""
     counting: str
     assumed: tuple[str, ...]
     """Fields not stated in the cited source."""
@@ -108,7 +118,8 @@ def by_split(runs: tuple[PublicRun, ...], split: str) -> tuple[PublicRun, ...]:
 
 def main() -> None:
     runs = load_runs()
-    for split in ("in_sample", "out_of_sample", "out_of_sample_2", "out_of_sample_3"):
+    for split in ("in_sample", "out_of_sample", "out_of_sample_2", "out_of_sample_3",
+                  "out_of_sample_4"):
         print(f"{split}:")
         for r in by_split(runs, split):
             metric = (f"{r.tflops_per_gpu:>6.1f} TFLOP/s/GPU" if r.tflops_per_gpu is not None

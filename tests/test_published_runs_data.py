@@ -30,6 +30,7 @@ def test_layout_products_equal_gpu_counts():
 
 SESSION_10_SOURCES = ("NVIDIA Megatron-LM README", "PyTorch torchtitan")
 SESSION_11_SOURCES = ("NVIDIA NeMo-Framework-Launcher README",)
+MOSAIC = "MosaicML llm-foundry"
 
 
 def test_split_is_by_paper():
@@ -40,6 +41,7 @@ def test_split_is_by_paper():
         expected = ("in_sample" if r.paper.startswith("Shoeybi") else
                     "out_of_sample_2" if r.paper.startswith(SESSION_10_SOURCES) else
                     "out_of_sample_3" if r.paper.startswith(SESSION_11_SOURCES) else
+                    "out_of_sample_4" if r.paper.startswith(MOSAIC) else
                     "out_of_sample")
         assert r.split == expected, r.name
 
@@ -186,3 +188,89 @@ def test_nemo_2022_vocab_padding():
     # tp 1: ceil(50257 / 128) x 128 = 393 x 128 = 50,304; tp 8: ceil(50257 / 1024) x 1024 = 51,200.
     assert RUNS["nemo-2022-gpt3-5b-8gpu"].model.vocab_size == 50_304
     assert RUNS["nemo-2022-gpt3-175b-64gpu"].model.vocab_size == 51_200
+
+
+# ---------------------------------------------------------------- out_of_sample_4 (MosaicML)
+# Composer's speed monitor (composer/callbacks/speed_monitor.py, GPU_AVAILABLE_FLOPS, the peak
+# llm-foundry's collect_results.py divides by): h100-sxm amp_bf16 = 1.979e15 / 2, a100 312e12.
+COMPOSER_PEAK_FLOPS = {"h100-sxm": 1.979e15 / 2, "a100-80gb": 312e12}
+MOSAIC_ROWS = [r for r in RUNS.values() if r.split == "out_of_sample_4"]
+
+
+def mpt_params(layers: int, d: int, vocab: int, seq: int) -> int:
+    """MPT with llm-foundry's defaults (no_bias False, learned_pos_emb True, tied embeddings):
+    per block Wqkv 3d^2+3d, out_proj d^2+d, up 4d^2+4d, down 4d^2+d, two LayerNorms 2 x 2d
+    = 12d^2 + 13d; final LayerNorm 2d; token embedding V·d; positions seq·d."""
+    return layers * (12 * d * d + 13 * d) + 2 * d + (vocab + seq) * d
+
+
+def test_mosaic_rows_selection():
+    # The FOURTH SPLIT RULE takes every FULL_SHARD amp_bf16 DEFAULT row of the three tables:
+    # counted in the stored README, 123 rows; all ZeRO-3, tp = pp = 1, dp = GPUs.
+    assert len(MOSAIC_ROWS) == 123
+    for r in MOSAIC_ROWS:
+        assert r.engine == "composer-fsdp1-full-shard" and r.tp == r.pp == 1, r.name
+        assert r.gpu in COMPOSER_PEAK_FLOPS and r.flash_attention, r.name
+
+
+def test_mpt_param_formula_by_hand():
+    # MPT-7B at seq 2048 (README NumParams 6,658,859,008):
+    # 32 x (12 x 4096^2 + 13 x 4096) = 6,444,154,880; + 2 x 4096 = 8,192;
+    # (50,368 + 2,048) x 4,096 = 214,695,936; total 6,658,859,008.
+    assert mpt_params(32, 4096, 50368, 2048) == 6_444_154_880 + 8_192 + 214_695_936
+    assert 6_444_154_880 + 8_192 + 214_695_936 == 6_658_859_008
+    # MPT-70B: 80 x (12 x 8192^2 + 13 x 8192) + 16,384 + 52,416 x 8,192 = 64,862,437,376.
+    assert mpt_params(80, 8192, 50368, 2048) == 64_862_437_376
+
+
+def test_mosaic_num_params_match_dims():
+    # Every row's NumParams column equals the hand formula on the row's yaml dimensions and
+    # sequence length (the positional table grows with seq: 7B 1024 -> 2048 adds 1024 x 4096).
+    for r in MOSAIC_ROWS:
+        m = r.model
+        assert r.num_params == mpt_params(m.num_layers, m.hidden_size, m.vocab_size,
+                                          m.seq_len), r.name
+
+
+def test_mosaic_zplan_param_count_matches_source():
+    # zplan's exact count of the GPT block the evaluator builds equals MPT's NumParams minus
+    # nothing: same block (biases, LayerNorm, learned positions, tied embeddings).
+    from benchmarks.published_runs import _data_model
+    from planner.core.params import count_params
+
+    for name in ("mosaic-mpt-7b-h100-s2048-8gpu", "mosaic-mpt-70b-h100-s2048-512gpu",
+                 "mosaic-mpt-125m-a100-s2048-8gpu"):
+        r = RUNS[name]
+        assert count_params(_data_model(r)).total == r.num_params, name
+
+
+def test_mosaic_batches_and_token_totals():
+    # GlobalBatchSize = MicroBatchSize x GradAccum x GPUs (70B, 512 GPUs: 8 x 1 x 512 = 4096);
+    # GlobalBatchSize (T) = GlobalBatchSize x seq (4096 x 2048 = 8,388,608).
+    for r in MOSAIC_ROWS:
+        c = r.cross_check
+        assert r.global_batch == r.micro_batch * c["grad_accum"] * r.num_gpus, r.name
+        assert c["global_batch_tokens"] == r.global_batch * r.model.seq_len, r.name
+
+
+def test_mosaic_throughput_columns_agree():
+    # T/s/GPU = T/s / GPUs, rounded (70B 512 GPUs: 515,636 / 512 = 1007.1 -> 1007);
+    # S/s = T/s / seq, rounded to an integer (515,636 / 2048 = 251.8 -> 251 or 252).
+    for r in MOSAIC_ROWS:
+        c = r.cross_check
+        assert abs(c["tokens_per_s"] / r.num_gpus - r.tokens_per_s_per_gpu) <= 1.0, r.name
+        assert abs(c["tokens_per_s"] / r.model.seq_len - c["samples_per_s"]) < 1.0, r.name
+
+
+def test_mosaic_mfu_from_throughput():
+    # MFU = (6 N + 12 L d s) x T/s/GPU / peak (README 'MFU and HFU'). MPT-7B H100 s2048 8 GPUs:
+    # 6 x 6,658,859,008 = 39,953,154,048; 12 x 32 x 4096 x 2048 = 3,221,225,472; sum
+    # 43,174,379,520 x 10,643 = 4.5951e14 / 989.5e12 = 0.4644 (README 46.44).
+    r = RUNS["mosaic-mpt-7b-h100-s2048-8gpu"]
+    assert r.tokens_per_s_per_gpu == 10643 and r.mfu == pytest.approx(0.4644, abs=5e-5)
+    for r in MOSAIC_ROWS:
+        m = r.model
+        per_token = 6 * r.num_params + 12 * m.num_layers * m.hidden_size * m.seq_len
+        mfu = per_token * r.tokens_per_s_per_gpu / COMPOSER_PEAK_FLOPS[r.gpu]
+        # T/s/GPU is rounded to an integer: relative slack 1/T (at least 0.3 %).
+        assert mfu == pytest.approx(r.mfu, rel=max(3e-3, 1.0 / r.tokens_per_s_per_gpu)), r.name

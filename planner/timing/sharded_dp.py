@@ -83,10 +83,11 @@ def zero3_step(gather_layer_s, reduce_scatter_layer_s, forward_layer_s, backward
 def fsdp2_step(gather_layer_s, reduce_scatter_layer_s, forward_layer_s, backward_layer_s,
                num_layers, micro_batches, reshard_after_forward: bool = True,
                reduce_every_micro_batch: bool = True, replica_all_reduce_layer_s=0.0,
-               interference=0.0) -> DpCommTime:
+               interference=0.0, copy_s=0.0) -> DpCommTime:
     """PyTorch FSDP2: forward gathers prefetched one unit ahead (f = 1); backward re-gathers only
     with reshard_after_forward; reduce-scatter (plus the HSDP replica all-reduce) on every
-    micro-batch, or only on the last one when gradient sync is deferred."""
+    micro-batch, or only on the last one when gradient sync is deferred. `copy_s`: the step's
+    copies on the compute stream (`fsdp2_copy_s`), exposed: added to the step."""
     a = np.asarray(gather_layer_s, dtype=float)
     red = np.asarray(reduce_scatter_layer_s, dtype=float) + np.asarray(replica_all_reduce_layer_s, dtype=float)
     m, n_layers = np.asarray(micro_batches), np.asarray(num_layers)
@@ -99,4 +100,42 @@ def fsdp2_step(gather_layer_s, reduce_scatter_layer_s, forward_layer_s, backward
     step = m * fwd + reducing * bwd_reduce + (m - reducing) * bwd_plain
     compute = n_layers * (np.asarray(forward_layer_s) + np.asarray(backward_layer_s))
     total = m * n_layers * (a + bwd_gather) + reducing * n_layers * red
+    step = step + np.asarray(copy_s, dtype=float)
     return DpCommTime(total_s=total, exposed_s=step - m * compute, step_s=step)
+
+
+class Fsdp2CopyBytes(NamedTuple):
+    """HBM bytes FSDP2 copies on the compute stream per micro-batch (torch 2.13
+    `torch/distributed/fsdp/_fully_shard/`), each read + written once."""
+
+    gather_copy_out_bytes: object
+    """`foreach_all_gather_copy_out` (`split_with_sizes_copy`, called from
+    `FSDPParamGroup.wait_for_unshard` on the current stream): the all-gather output is copied into
+    each parameter's unsharded tensor; per gather read P·b_p + write P·b_p. Forward, and again
+    in backward with reshard_after_forward."""
+    reduce_copy_in_bytes: object
+    """`foreach_reduce` → `foreach_reduce_scatter_copy_in` (`torch._chunk_cat`, before the
+    switch to the reduce-scatter stream): the unsharded gradients (b_g bytes, the param dtype) are
+    read and written into the reduce-scatter input in reduce_dtype (b_r bytes): P·(b_g + b_r).
+    Only on micro-batches that reduce."""
+
+
+def fsdp2_copy_bytes(unit_params, param_bytes, grad_bytes, reduce_bytes,
+                     reshard_after_forward=True) -> Fsdp2CopyBytes:
+    """Per micro-batch copy traffic of one `fully_shard` unit of P parameters (arrays broadcast).
+    Named approximation: the all-gather copy-in (`all_gather_copy_in`, on its own stream, P/dp
+    elements) and the post-reduce division / cast of the P/dp output shard are left out (a 1/dp
+    fraction of the terms kept)."""
+    p = np.asarray(unit_params, dtype=float)
+    gathers = np.where(np.asarray(reshard_after_forward, dtype=bool), 2, 1)
+    return Fsdp2CopyBytes(gather_copy_out_bytes=gathers * 2 * p * param_bytes,
+                          reduce_copy_in_bytes=p * (grad_bytes + reduce_bytes))
+
+
+def fsdp2_copy_s(copy: Fsdp2CopyBytes, micro_batches, reducing_micro_batches, hbm_bytes_per_s):
+    """Time of the FSDP2 copies of one step: exposed, they run on the compute stream (memory-bound
+    at the profile's HBM bandwidth); copy-out on every micro-batch, reduce copy-in on those that
+    reduce (all of them unless gradient sync is deferred)."""
+    out = np.asarray(micro_batches) * copy.gather_copy_out_bytes
+    red = np.asarray(reducing_micro_batches) * copy.reduce_copy_in_bytes
+    return (out + red) / np.asarray(hbm_bytes_per_s, dtype=float)

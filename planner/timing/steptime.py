@@ -260,13 +260,22 @@ def fsdp2_comm(r: "Rates", layers, stage_params, dp_local, dp, micro_batches, si
     """PyTorch FSDP2 per step (`sharded_dp.fsdp2_step`), one `fully_shard` unit per block:
     all-gathers prefetched one unit ahead in forward and, with reshard_after_forward (ZeRO-3
     rows), again in backward; gradients reduce-scattered per unit on every micro-batch (torch
-    2.13 `_fully_shard`; docs/collectives.md §4). Same per-layer collectives as `zero3_comm`."""
+    2.13 `_fully_shard`; docs/collectives.md §4). Same per-layer collectives as `zero3_comm`.
+    Plus FSDP2's copies on the compute stream (`sharded_dp.fsdp2_copy_bytes`): gradients in the
+    parameter dtype, reduced in the recipe's gradient dtype."""
     if layer_comm is None:
         layer_comm = layer_collectives_s(r, layers, stage_params, dp_local, dp, sizes)
     gather, reduce, _ = layer_comm
     args = (gather, reduce, fwd_mb_s / layers, bwd_mb_s / layers, layers, micro_batches)
-    again = sharded_dp.fsdp2_step(*args, reshard_after_forward=True, interference=r.interference)
-    kept = sharded_dp.fsdp2_step(*args, reshard_after_forward=False, interference=r.interference)
+
+    def copies(reshard):
+        c = sharded_dp.fsdp2_copy_bytes(stage_params, sizes.param_bytes, sizes.param_bytes,
+                                        sizes.grad_bytes, reshard)
+        return sharded_dp.fsdp2_copy_s(c, micro_batches, micro_batches, r.hbm_bw)
+    again = sharded_dp.fsdp2_step(*args, reshard_after_forward=True, interference=r.interference,
+                                  copy_s=copies(True))
+    kept = sharded_dp.fsdp2_step(*args, reshard_after_forward=False, interference=r.interference,
+                                 copy_s=copies(False))
     pick = np.asarray(reshard_after_forward, dtype=bool)
     return sharded_dp.DpCommTime(*(np.where(pick, a, b) for a, b in zip(again, kept)))
 
