@@ -48,7 +48,7 @@ def _apply() -> bool:
         libc = ctypes.CDLL(None)
         libc.gnu_get_libc_version  # glibc only: musl's mallopt does nothing
         mallopt = libc.mallopt
-    except (OSError, AttributeError):
+    except (OSError, AttributeError, TypeError):  # TypeError: CDLL(None) off POSIX
         return False
     mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
     return (mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES) == 1
