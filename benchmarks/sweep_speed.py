@@ -14,6 +14,8 @@ The 40x tiled evaluation repeats every candidate 40 times with its enumeration g
 per-candidate numpy cost of the state-dependent part plus the grouped part once.
 Also printed: `zplan fit` without a layout in process (`strategies.strategy_minimums` and
 `sweep.best_layout`, the two searches `fitting.fit_search` runs), cold, CPU time.
+The glibc malloc settings of `planner.search.heap` are applied first, as `sweep()` applies them;
+ZPLAN_NO_MALLOPT=1 measures without them.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ sys.path.insert(0, str(ROOT))
 import numpy as np  # noqa: E402
 
 from planner.io import loading  # noqa: E402
-from planner.search import strategies, sweep  # noqa: E402
+from planner.search import heap, strategies, sweep  # noqa: E402
 from planner.io.jobfile import make_setup  # noqa: E402
 
 CASES = [("gpt3-175b", 1024, 1536), ("gpt-1t", 3072, 3072)]
@@ -137,8 +139,10 @@ def scaling() -> None:
 
 
 def main() -> None:
+    applied = heap.retain_freed_memory()  # as sweep() does; before the first timed evaluate()
     print(f"python {sys.version.split()[0]}, numpy {np.__version__}, "
-          f"cores used: {len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else '?'}")
+          f"cores used: {len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else '?'}, "
+          f"malloc settings (planner.search.heap): {'applied' if applied else 'not applied'}")
     for case in CASES:
         in_process(*case)
         if "--no-cli" not in sys.argv:

@@ -37,6 +37,7 @@ import numpy as np
 
 from planner.memory import activations, experts, implementations, model_states, peak, plan
 from planner.memory.reserve import reserve_column
+from planner.search import heap
 from planner.core import params
 from planner.timing import steptime
 from planner.core.errors import PlanInputError
@@ -881,6 +882,7 @@ def sweep(model: ModelSpec, cluster: Cluster, setup: TrainSetup, constraints: Co
           progress: Callable[[int, int], None] | None = None) -> SweepResult:
     """Enumerate, evaluate and rank every layout of `cluster`'s GPU count."""
     start = time.perf_counter()
+    heap.retain_freed_memory()  # once per process: the columns' memory reused, not re-faulted
     c = constraints or Constraints()
     rules.check_setup(model, setup)
     steptime.cluster_rates(cluster, setup, efficiency)  # input errors before any work
