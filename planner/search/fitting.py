@@ -76,8 +76,10 @@ def fit_search(
     model: ModelSpec, cluster: Cluster, setup: TrainSetup, efficiency: float | None
 ) -> FitResult:
     """The fastest layout that fits (the sweep's ranking) and every strategy's minimum GPUs."""
+    from planner.search import heap
     from planner.search.sweep import best_layout
 
+    heap.retain_freed_memory()  # as sweep(): the strategy minimums' columns reuse freed heap too
     strategies = strategy_minimums(model, cluster, setup)
     best = best_layout(model, cluster, setup, efficiency=efficiency)
     total = params.count_params(model).total
