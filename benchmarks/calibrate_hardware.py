@@ -18,6 +18,8 @@ whole thing (fresh parts each time) and ends with one `SUMMARY` line per run to 
     python benchmarks/calibrate_hardware.py --clock thread   # each rank's CPU time (a shared machine)
     python benchmarks/calibrate_hardware.py --parts parts.json   # reuse saved parts, steps only
     python benchmarks/calibrate_hardware.py --set new        # only the NEW held-out set
+    python benchmarks/calibrate_hardware.py --stability 4    # no prediction: three SEEN steps measured
+                                                             # 4 times each, pinned and not (alternating)
 
 Not a test: nothing asserts; a shared machine makes every figure noisy. Runtime ~4 min per run.
 """
@@ -152,7 +154,11 @@ def _args():
     parser.add_argument("--parts", help="JSON file of calibrated parts: read if it exists, else written")
     parser.add_argument("--set", choices=("seen", "new", "both"), default="both", dest="which")
     parser.add_argument("--runs", type=int, default=1, help="repeat parts + steps this many times (>= 1)")
+    parser.add_argument("--stability", type=int, default=0, metavar="N",
+                        help="only measure three SEEN steps N times, pinned and not (no parts, no prediction)")
     args = parser.parse_args()
+    if args.stability < 0:
+        parser.exit(2, f"calibrate_hardware.py: error: --stability must be at least 0, got {args.stability}\n")
     if args.runs < 1:
         parser.exit(2, f"calibrate_hardware.py: error: --runs must be at least 1, got {args.runs}\n")
     if args.parts and Path(args.parts).exists():
@@ -164,8 +170,35 @@ def _args():
     return args
 
 
+def stability(repeats: int) -> None:
+    """Why runs differ: three SEEN steps measured `repeats` times with the ranks pinned and left to
+    the scheduler, alternating; per step and placement the run-to-run range of the medians."""
+    configs = [c for c in seen_configs(load_model("gpt2"), 2)
+               if c.name in ("small b4 x1", "large b2 DDP x2", "large b1 FSDP2 x2")]
+    threads = max(1, (os.cpu_count() or 1) // 2)
+    print(f"stability: {repeats} repeats, {threads} thread/rank; uptime: {_uptime()}")
+    print("\n| repeat | placement | configuration | step median ms | spread | load |\n|---:|---|---|---:|---:|---:|")
+    medians: dict[tuple[str, str], list[float]] = {}
+    for rep in range(1, repeats + 1):
+        for placement in ("scheduler", "pinned"):
+            for cfg in configs:
+                m = measure_step(cfg, threads, pin_ranks=placement == "pinned")
+                medians.setdefault((cfg.name, placement), []).append(m.step_s)
+                print(f"| {rep} | {placement} | {cfg.name} | {_ms(m.step_s)} | {m.step_spread * 100:.0f} % | {_load()} |",
+                      flush=True)
+    print("\nrun-to-run (max - min) / median of the medians:")
+    for (name, placement), values in medians.items():
+        spread = (max(values) - min(values)) / statistics.median(values) * 100
+        print(f"  STABILITY {name:<20} {placement:<9} median {statistics.median(values) * 1e3:7.1f} ms, "
+              f"range {spread:5.1f} % over {len(values)} ({', '.join(f'{v * 1e3:.0f}' for v in values)} ms)")
+    print(f"uptime: {_uptime()}")
+
+
 def main() -> None:
     args = _args()
+    if args.stability:
+        stability(args.stability)
+        return
     t0 = time.perf_counter()
     summaries = [one_run(args, n) for n in range(1, args.runs + 1)]
     print(f"\ntotal runtime {time.perf_counter() - t0:.0f} s; end load average {_load()}")

@@ -105,9 +105,10 @@ def measure(cfg: StepConfig, rank: int, threads: int, steps: int, warmup: int) -
 
 
 def _worker(rank: int, store_dir: str, cfg_json: str, threads: int, steps: int, warmup: int,
-            clock: str) -> None:
+            clock: str, pin_ranks: bool = True) -> None:
     warnings.filterwarnings("ignore")
-    pin(rank, threads)  # before gloo starts its threads: they inherit the mask
+    if pin_ranks:
+        pin(rank, threads)  # before gloo starts its threads: they inherit the mask
     use_clock(clock)
     cfg = StepConfig.model_validate_json(cfg_json)
     dist.init_process_group("gloo", init_method=f"file://{store_dir}/store", rank=rank, world_size=cfg.nproc)
@@ -123,15 +124,16 @@ WARMUP = 3
 
 
 def measure_step(cfg: StepConfig, threads: int, steps: int = STEPS, warmup: int = WARMUP,
-                 clock: str = "wall") -> Measured:
+                 clock: str = "wall", pin_ranks: bool = True) -> Measured:
     """Rank 0's measurements of `cfg` (one process here, pinned to rank 0's cores, or `nproc`
-    spawned ones, each pinned to its own)."""
+    spawned ones, each pinned to its own; `pin_ranks=False` leaves placement to the scheduler,
+    for the stability comparison of benchmarks/calibrate_hardware.py --stability)."""
     use_clock(clock)
     if cfg.nproc == 1:
-        with pinned(0, threads):
+        with pinned(0, threads, "cpu" if pin_ranks else "none"):
             return measure(cfg, 0, threads, steps, warmup)
     import torch.multiprocessing as mp
 
     with tempfile.TemporaryDirectory(prefix="zplan-step-") as tmp:
-        mp.spawn(_worker, args=(tmp, cfg.model_dump_json(), threads, steps, warmup, clock), nprocs=cfg.nproc, join=True)
+        mp.spawn(_worker, args=(tmp, cfg.model_dump_json(), threads, steps, warmup, clock, pin_ranks), nprocs=cfg.nproc, join=True)
         return Measured.model_validate_json(Path(tmp, "rank0.json").read_text())
