@@ -5,23 +5,31 @@
    all-reduce in flight).
 2. Predict, from the parts only, the step time of the held-apart configurations of
    planner/calibrate/heldout.py, then run them for real and print predicted vs measured per term:
-   the SEEN set (the four configurations the predictor was developed next to) and the NEW set
-   (five configurations committed before any of them was run) in separate tables.
+   the SEEN set (every configuration whose errors were looked at in earlier sessions) and the NEW
+   set (five configurations committed before any of them was run) in separate tables.
 No efficiency or time of any of these steps is used to fit anything. Goal: step within 15 %.
-The machine load (`uptime`'s 1-minute load average) is printed with every row.
+The machine load (`uptime`'s 1-minute load average) is printed with every row, `uptime` with
+every run; the "spread" column is the measured steps' interquartile range over their median.
+Parts and steps follow one procedure (planner/calibrate/procedure.py: each rank pinned to its
+own cores, the same threads, 10 timed steps after 3 warm-up, median). `--runs N` repeats the
+whole thing (fresh parts each time) and ends with one `SUMMARY` line per run to quote.
 
-    python benchmarks/calibrate_hardware.py                  # wall clock (a quiet machine)
+    python benchmarks/calibrate_hardware.py --runs 3         # wall clock (a quiet machine)
     python benchmarks/calibrate_hardware.py --clock thread   # each rank's CPU time (a shared machine)
     python benchmarks/calibrate_hardware.py --parts parts.json   # reuse saved parts, steps only
     python benchmarks/calibrate_hardware.py --set new        # only the NEW held-out set
+    python benchmarks/calibrate_hardware.py --stability 4    # no prediction: three SEEN steps measured
+                                                             # 4 times each, pinned and not (alternating)
 
-Not a test: nothing asserts; a shared machine makes every figure noisy. Runtime ~2-5 min.
+Not a test: nothing asserts; a shared machine makes every figure noisy. Runtime ~4 min per run.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -30,7 +38,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from planner.calibrate.hardware_run import HardwareConfig, calibrate_local  # noqa: E402
-from planner.calibrate.heldout import new_heldout_configs, step_configs  # noqa: E402
+from planner.calibrate.heldout import new_heldout_configs, seen_configs  # noqa: E402
 from planner.calibrate.parts import HardwareParts  # noqa: E402
 from planner.calibrate.predict import predict_step  # noqa: E402
 from planner.calibrate.steps import measure_step  # noqa: E402
@@ -71,55 +79,139 @@ def _contention(parts: HardwareParts) -> None:
               f"x{c.slowdown:.2f}  ({alone} -> {together} ms)")
 
 
-def _table(title: str, configs, parts: HardwareParts) -> list[float]:
+class Split:
+    """One table's errors: with and without the contention part, and the steps' spreads (%)."""
+
+    def __init__(self) -> None:
+        self.errors: list[float] = []
+        self.bare: list[float] = []
+        self.spreads: list[float] = []
+
+    def figures(self) -> str:
+        if not self.errors:
+            return "not run"
+        return (f"mean {statistics.fmean(self.errors):.1f} % / max {max(self.errors):.1f} % "
+                f"(no contention {statistics.fmean(self.bare):.1f} / {max(self.bare):.1f} %; "
+                f"step spread median {statistics.median(self.spreads):.1f} %, max {max(self.spreads):.1f} %)")
+
+
+def _table(title: str, configs, parts: HardwareParts) -> Split:
     bare = parts.model_copy(update={"contention": ()})
-    print(f"\n{title}\n\n| configuration | params | step pred ms | (no contention) | step meas ms | error | "
+    print(f"\n{title}\n\n| configuration | params | step pred ms | (no contention) | step meas ms | spread | error | "
           "(no contention) | compute p / m | comm p / m | optimizer p / m | load |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
-    errors, bare_errors = [], []
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    split = Split()
     for cfg in configs:
         p, p0 = predict_step(cfg, parts), predict_step(cfg, bare)
         before = _load()
         m = measure_step(cfg, parts.threads_per_rank, clock=parts.clock)
         err, err0 = ((x.step_s - m.step_s) / m.step_s * 100 for x in (p, p0))
-        errors.append(abs(err))
-        bare_errors.append(abs(err0))
+        split.errors.append(abs(err))
+        split.bare.append(abs(err0))
+        split.spreads.append(m.step_spread * 100)
         print(f"| {cfg.name} | {count_params(cfg.model).total / 1e6:.1f} M | {_ms(p.step_s)} | {_ms(p0.step_s)} | "
-              f"{_ms(m.step_s)} | {err:+.1f} % | {err0:+.1f} % | {_ms(p.compute_s)} / {_ms(m.compute_s)} | "
+              f"{_ms(m.step_s)} | {m.step_spread * 100:.0f} % | {err:+.1f} % | {err0:+.1f} % | {_ms(p.compute_s)} / {_ms(m.compute_s)} | "
               f"{_ms(p.communication_s)} / {_ms(m.communication_s)} | {_ms(p.optimizer_s)} / {_ms(m.optimizer_s)} | "
               f"{before} -> {_load()} |", flush=True)
-    print(f"\n{title}: mean |error| {sum(errors) / len(errors):.1f} %, max {max(errors):.1f} % (goal 15 %); "
-          f"without the contention part {sum(bare_errors) / len(bare_errors):.1f} %, max {max(bare_errors):.1f} %")
-    return errors
+    print(f"\n{title}: |error| {split.figures()} (goal 15 %)")
+    return split
 
 
-def main() -> None:
+def _uptime() -> str:
+    try:
+        return subprocess.run(["uptime"], capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return f"load average {_load()}"
+
+
+def one_run(args, number: int) -> str:
+    """Parts, SEEN, NEW; the run's SUMMARY line."""
+    start, up = time.strftime("%H:%M", time.gmtime()), _uptime()
+    print(f"\n=== run {number}/{args.runs} start {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}; uptime: {up}")
+    parts = _parts(args)
+    ar = parts.collective("all_reduce", 2).fit
+    hook = "n/a" if parts.fsdp2_hook_s is None else f"{parts.fsdp2_hook_s * 1e6:.0f} us"
+    print(f"GEMM peak (best on grid) {parts.peak_flops_per_s['fp32'] / 1e9:.1f} GFLOP/s; copy "
+          f"{parts.kernel('copy').large_bytes_per_s / 1e9:.2f} GB/s; Adam {1 / parts.optimizer.per_element_s:.3g} "
+          f"params/s; all-reduce x2 alpha {ar.latency_s * 1e6:.0f} us, busbw {ar.bytes_per_s / 1e9:.2f} GB/s; "
+          f"FSDP2 hook {hook}; load {_load()}")
+    _contention(parts)
+    base = load_model("gpt2")
+    seen = _table("SEEN (every configuration of the earlier sessions)", seen_configs(base, 2), parts) \
+        if args.which in ("seen", "both") else Split()
+    new = _table("NEW held-out (committed before they were first run)", new_heldout_configs(base, 2), parts) \
+        if args.which in ("new", "both") else Split()
+    end_up = _uptime()
+    print(f"uptime at the end of run {number}: {end_up}")
+    return (f"SUMMARY run {number}/{args.runs} {start}-{time.strftime('%H:%M', time.gmtime())} UTC "
+            f"(load {up.rsplit('average:', 1)[-1].strip()} -> {end_up.rsplit('average:', 1)[-1].strip()}): "
+            f"SEEN {seen.figures()}; NEW {new.figures()}")
+
+
+def _args():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--clock", choices=("wall", "thread"), default="wall")
     parser.add_argument("--parts", help="JSON file of calibrated parts: read if it exists, else written")
     parser.add_argument("--set", choices=("seen", "new", "both"), default="both", dest="which")
+    parser.add_argument("--runs", type=int, default=1, help="repeat parts + steps this many times (>= 1)")
+    parser.add_argument("--stability", type=int, default=0, metavar="N",
+                        help="only measure three SEEN steps N times, pinned and not (no parts, no prediction)")
     args = parser.parse_args()
+    if args.stability < 0:
+        parser.exit(2, f"calibrate_hardware.py: error: --stability must be at least 0, got {args.stability}\n")
+    if args.runs < 1:
+        parser.exit(2, f"calibrate_hardware.py: error: --runs must be at least 1, got {args.runs}\n")
+    if args.parts and Path(args.parts).exists():
+        try:
+            HardwareParts.model_validate_json(Path(args.parts).read_text())
+        except (OSError, ValueError) as err:
+            first = str(err).splitlines()[0]
+            parser.exit(2, f"calibrate_hardware.py: error: --parts {args.parts}: not a parts file ({first})\n")
+    return args
+
+
+def stability(repeats: int) -> None:
+    """Why runs differ: three SEEN steps measured `repeats` times with the ranks pinned and left to
+    the scheduler, alternating; per step and placement the run-to-run range of the medians."""
+    configs = [c for c in seen_configs(load_model("gpt2"), 2)
+               if c.name in ("small b4 x1", "large b2 DDP x2", "large b1 FSDP2 x2")]
+    threads = max(1, (os.cpu_count() or 1) // 2)
+    print(f"stability: {repeats} repeats, {threads} thread/rank; uptime: {_uptime()}")
+    print("\n| repeat | placement | configuration | step median ms | spread | load |\n|---:|---|---|---:|---:|---:|")
+    medians: dict[tuple[str, str], list[float]] = {}
+    for rep in range(1, repeats + 1):
+        for placement in ("scheduler", "pinned"):
+            for cfg in configs:
+                m = measure_step(cfg, threads, pin_ranks=placement == "pinned")
+                medians.setdefault((cfg.name, placement), []).append(m.step_s)
+                print(f"| {rep} | {placement} | {cfg.name} | {_ms(m.step_s)} | {m.step_spread * 100:.0f} % | {_load()} |",
+                      flush=True)
+    print("\nrun-to-run (max - min) / median of the medians:")
+    for (name, placement), values in medians.items():
+        spread = (max(values) - min(values)) / statistics.median(values) * 100
+        print(f"  STABILITY {name:<20} {placement:<9} median {statistics.median(values) * 1e3:7.1f} ms, "
+              f"range {spread:5.1f} % over {len(values)} ({', '.join(f'{v * 1e3:.0f}' for v in values)} ms)")
+    print(f"uptime: {_uptime()}")
+
+
+def main() -> None:
+    args = _args()
+    if args.stability:
+        stability(args.stability)
+        return
     t0 = time.perf_counter()
-    print(f"start {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}, load average {_load()}")
-    parts = _parts(args)
-    ar = parts.collective("all_reduce", 2).fit
-    print(f"GEMM peak (best on grid) {parts.peak_flops_per_s['fp32'] / 1e9:.1f} GFLOP/s; copy "
-          f"{parts.kernel('copy').large_bytes_per_s / 1e9:.2f} GB/s; Adam {1 / parts.optimizer.per_element_s:.3g} "
-          f"params/s; all-reduce x2 alpha {ar.latency_s * 1e6:.0f} us, busbw {ar.bytes_per_s / 1e9:.2f} GB/s; "
-          f"load {_load()}")
-    _contention(parts)
-    base = load_model("gpt2")
-    if args.which in ("seen", "both"):
-        _table("SEEN (the four configurations of the earlier runs)", step_configs(base, 2), parts)
-    if args.which in ("new", "both"):
-        _table("NEW held-out (committed before they were first run)", new_heldout_configs(base, 2), parts)
+    summaries = [one_run(args, n) for n in range(1, args.runs + 1)]
     print(f"\ntotal runtime {time.perf_counter() - t0:.0f} s; end load average {_load()}")
     print("measured comm: summed gloo records of torch.profiler (busy time on gloo's threads, may overlap "
           "compute); measured compute = forward+backward - comm (n/a when the records add up to more); "
-          "(no contention): the same prediction without the contention part")
-    if parts.clock == "thread":
+          "(no contention): the same prediction without the contention part; spread: interquartile range "
+          "of the 10 timed steps over their median")
+    if args.clock == "thread":
         print("clock=thread: each rank's main-thread CPU time; a rank blocked waiting for a collective uses "
               "none, so measured distributed steps leave out exposed communication (compare them with care)")
+    print()
+    for line in summaries:
+        print(line)
 
 
 if __name__ == "__main__":

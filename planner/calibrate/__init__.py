@@ -7,7 +7,8 @@ distributed) import torch at the top.
 `zplan calibrate hardware`: hardware.py (GEMM / kernel / Adam / copy / file micro-benchmarks),
 collectives.py (torch.distributed timings, spawn or torchrun), hardware_run.py (one run of all
 parts), predict.py (a step predicted from the parts), steps.py (the same step measured),
-heldout.py (the configurations predicted). Torch-free: fits.py (α–β fit and log-log interpolation; the bus
+heldout.py (the configurations predicted), procedure.py (pinning and the robust statistic shared
+by parts and steps), fsdp2_overhead.py (FSDP2's copies and hooks). Torch-free: fits.py (α–β fit and log-log interpolation; the bus
 factors, table look-ups), parts.py (what was measured), profile_file.py (profile YAML, merge,
 lock, atomic write).
 """

@@ -22,7 +22,9 @@ from planner import __version__
 from planner.calibrate import collectives as coll
 from planner.calibrate import hardware as hw
 from planner.calibrate.fits import BUS_OPS
+from planner.calibrate.fsdp2_overhead import hook_seconds as fsdp2_hook_seconds
 from planner.calibrate.parts import HardwareParts
+from planner.calibrate.procedure import pin, pinned
 from planner.core.errors import PlanInputError
 from planner.core.spec import Frozen
 
@@ -111,14 +113,16 @@ def measure_device(cfg: HardwareConfig, device: torch.device, tick: Tick) -> dic
     copies = hw.host_device_bytes_per_s(device)
     file = hw.file_bandwidth(cfg.file_path, cfg.file_bytes) if cfg.file_path else None
     tick("io")
-    return {"gemm": tuple(gemm), "peak_flops_per_s": peaks, "peak_source": peak_source,
+    hook_s = fsdp2_hook_seconds(device.type)
+    tick("fsdp2 hooks")
+    return {"fsdp2_hook_s": hook_s, "gemm": tuple(gemm), "peak_flops_per_s": peaks, "peak_source": peak_source,
             "kernels": kernels, "view_op_s": hw.view_op_seconds(device), "optimizer": optimizer,
             "host_to_device_bytes_per_s": copies[0] if copies else None,
             "device_to_host_bytes_per_s": copies[1] if copies else None, "file": file}
 
 
 def total_ticks(cfg: HardwareConfig, device: torch.device) -> int:
-    return grid_size(cfg, device) + len(hw.KERNEL_KINDS) * len(kernel_sizes(cfg, device)) + 2
+    return grid_size(cfg, device) + len(hw.KERNEL_KINDS) * len(kernel_sizes(cfg, device)) + 3
 
 
 def stamp(device: torch.device, threads: int, world: int, nodes: int) -> dict:
@@ -154,7 +158,8 @@ def calibrate_local(cfg: HardwareConfig, tick: Tick) -> HardwareParts:
     coll.message_sizes(cfg.max_message_bytes, device.type)
     threads = threads_for(cfg, device, cfg.nproc)
     torch.set_num_threads(threads)
-    parts = measure_device(cfg, device, tick)
+    with pinned(0, threads, device.type):  # rank 0's cores, as the steps' rank 0 (procedure.py)
+        parts = measure_device(cfg, device, tick)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)
         fits, contention = coll.spawn_collectives(cfg.nproc, collective_cfg(cfg, device, threads))
@@ -169,6 +174,7 @@ def calibrate_torchrun(cfg: HardwareConfig, env: dict[str, int], tick: Tick) -> 
     world, local_world = env["WORLD_SIZE"], env["LOCAL_WORLD_SIZE"]
     device = coll.rank_device(env["LOCAL_RANK"], cfg.device)
     threads = threads_for(cfg, device, local_world)
+    pin(env["LOCAL_RANK"], threads, device.type)
     torch.set_num_threads(threads)
     parts = measure_device(cfg, device, tick if env["RANK"] == 0 else (lambda _what: None))
     coll.init("nccl" if device.type == "cuda" else "gloo", cfg.timeout_s, env["RANK"], world, None)

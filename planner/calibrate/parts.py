@@ -132,6 +132,9 @@ class HardwareParts(Frozen):
     cpu_memory_bytes: int
     contention: tuple[ContentionPoint, ...] = ()
     """Per-rank compute slowdown with N ranks at once (empty: one rank, or an older parts file)."""
+    fsdp2_hook_s: float | None = None
+    """FSDP2's overhead per hook (planner.calibrate.fsdp2_overhead.hook_seconds); None in an
+    older parts file (the prediction then has no hook term)."""
 
     def kernel(self, kind: str) -> KernelCurve:
         """The curve of `kind`; a parts file measured before the log-softmax curves existed

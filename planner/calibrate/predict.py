@@ -31,8 +31,10 @@ Engines, as torch 2.13 implements them:
   broadcast from its owner (one broadcast per tensor, timed as a send/recv of its bytes);
 - FSDP2 (torch/distributed/fsdp/_fully_shard): per block an all-gather before forward and
   again before backward (`reshard_after_forward=True`), a reduce-scatter of its gradients; the
-  root (embeddings, final norm) gathered once (the root is not resharded after forward); each
-  all-gather copies the gathered bytes out, each reduce-scatter copies the gradients in.
+  root (embeddings, final norm) gathered once (the root is not resharded after forward); its
+  copies (all-gather copy-in and copy-out, reduce-scatter copy-in, casts) with the bytes of
+  torch 2.13's code and its four hooks per group at the measured per-hook overhead
+  (planner.calibrate.fsdp2_overhead).
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
+from planner.calibrate.fsdp2_overhead import hooks_per_step, step_copies
 from planner.calibrate.models import build_model
 from planner.calibrate.parts import HardwareParts
 from planner.core.spec import Frozen, ModelSpec
@@ -261,11 +264,21 @@ def backward_communication_seconds(cfg: StepConfig, parts: HardwareParts, elem_b
     return seconds + ag.seconds(root * elem_bytes) + rs.seconds(root * elem_bytes)
 
 
+def fsdp2_group_shapes(model: ModelSpec, seq_len: int) -> tuple[list[list[tuple[int, ...]]], list[tuple[int, ...]]]:
+    """(each block's parameter shapes, the root's: the parameters outside the blocks)."""
+    with torch.device("meta"):
+        net = build_model(model, seq_len)
+    blocks = [[tuple(p.shape) for p in b.parameters()] for b in net.blocks]
+    inside = {id(p) for b in net.blocks for p in b.parameters()}
+    return blocks, [tuple(p.shape) for p in net.parameters() if id(p) not in inside]
+
+
 def engine_copy_seconds(cfg: StepConfig, parts: HardwareParts, elem_bytes: int = 4, ranks: int = 1,
                         with_collective: bool = False) -> float:
-    """The engines' own copies: DDP into and out of buckets; FSDP2 out of each all-gather and
-    into each reduce-scatter (bytes read + written = 2 x the tensor's bytes); each at the memory
-    contention slowdown of its size with `ranks` ranks at once."""
+    """The engines' own copies, each at the copy curve times the memory contention slowdown of
+    its size with `ranks` ranks at once: DDP into and out of buckets (bytes read + written = 2 x
+    the tensor's bytes); FSDP2's all-gather copy-in and copy-out, reduce-scatter copy-in (and
+    casts under a mixed-precision policy), bytes from torch 2.13's code (fsdp2_overhead.step_copies)."""
     if cfg.nproc == 1 or cfg.strategy == "single":
         return 0.0
 
@@ -274,8 +287,18 @@ def engine_copy_seconds(cfg: StepConfig, parts: HardwareParts, elem_bytes: int =
 
     if cfg.strategy in ("ddp", "zero1"):
         return sum(2 * copy(2 * n * elem_bytes) for n in param_sizes(cfg.model, cfg.seq_len))
-    blocks, root = block_param_elements(cfg.model, cfg.seq_len)
-    return sum(3 * copy(2 * b * elem_bytes) for b in blocks) + 2 * copy(2 * root * elem_bytes)
+    blocks, root = fsdp2_group_shapes(cfg.model, cfg.seq_len)
+    return sum(copy(b) for b in step_copies(blocks, root, cfg.nproc, orig_bytes=elem_bytes))
+
+
+def engine_hook_seconds(cfg: StepConfig, parts: HardwareParts, ranks: int = 1, with_collective: bool = False) -> float:
+    """FSDP2's hooks: 4 per parameter group (the blocks and the root) per step, at the measured
+    per-hook overhead times the dispatch contention slowdown; 0 for the other engines and for a
+    parts file without the measurement."""
+    if cfg.strategy != "fsdp2" or cfg.nproc == 1 or parts.fsdp2_hook_s is None:
+        return 0.0
+    groups = len(fsdp2_group_shapes(cfg.model, cfg.seq_len)[0]) + 1
+    return hooks_per_step(groups) * parts.fsdp2_hook_s * parts.slowdown("dispatch", ranks, with_collective)
 
 
 ADAM_BYTES_PER_ELEMENT = 7 * 4
@@ -326,7 +349,8 @@ def contended_compute_seconds(inv: Inventory, cfg: StepConfig, parts: HardwarePa
 
     def total(with_collective: bool) -> float:
         return (sum(compute_seconds(inv, parts, ranks=ranks, with_collective=with_collective))
-                + engine_copy_seconds(cfg, parts, ranks=ranks, with_collective=with_collective))
+                + engine_copy_seconds(cfg, parts, ranks=ranks, with_collective=with_collective)
+                + engine_hook_seconds(cfg, parts, ranks=ranks, with_collective=with_collective))
 
     quiet = total(False)
     share = overlap_share(cfg, parts, quiet)
@@ -338,9 +362,11 @@ def predict_step(cfg: StepConfig, parts: HardwareParts) -> Prediction:
     inv = inventory(cfg.model, cfg.seq_len, cfg.micro_batch)
     gemm, memory, dispatch = compute_seconds(inv, parts)
     copies = engine_copy_seconds(cfg, parts)
+    hooks = engine_hook_seconds(cfg, parts)
     optimizer_alone = optimizer_seconds(cfg, parts)
     optimizer = optimizer_seconds(cfg, parts, ranks_at_once(cfg))
-    return Prediction(gemm_s=gemm, memory_bound_s=memory + copies, dispatch_s=dispatch,
-                      compute_contention_s=contended_compute_seconds(inv, cfg, parts) - (gemm + memory + dispatch + copies),
+    alone = gemm + memory + dispatch + copies + hooks
+    return Prediction(gemm_s=gemm, memory_bound_s=memory + copies, dispatch_s=dispatch + hooks,
+                      compute_contention_s=contended_compute_seconds(inv, cfg, parts) - alone,
                       communication_s=communication_seconds(cfg, parts), optimizer_s=optimizer,
                       optimizer_contention_s=optimizer - optimizer_alone)

@@ -1,8 +1,9 @@
 """Measure real training steps (single process, DDP, ZeRO-1, FSDP2) to check `predict`.
 
-Each rank runs with the parts' `threads_per_rank` intra-op threads, fp32 parameters, Adam,
-`warmup` untimed steps, then `steps` timed ones (median): forward + backward, then the
-optimizer step, timed apart. One more step runs under torch.profiler: the communication term is
+Each rank runs pinned to its own cores with the parts' `threads_per_rank` intra-op threads
+(planner.calibrate.procedure: the same placement the parts were measured in), fp32 parameters,
+Adam, `warmup` untimed steps, then `steps` timed ones (median, with the interquartile spread
+recorded): forward + backward, then the optimizer step, timed apart. One more step runs under torch.profiler: the communication term is
 the summed duration of the backend's collective records (`gloo:*` / `nccl:*`, the names
 ProcessGroupGloo / ProcessGroupNCCL give their work), compute is the rest of forward + backward.
 """
@@ -21,6 +22,7 @@ import torch.distributed as dist
 from planner.calibrate.hardware import now, use_clock
 from planner.calibrate.models import build_model
 from planner.calibrate.predict import StepConfig
+from planner.calibrate.procedure import pin, pinned, summarize
 from planner.calibrate.run import token_batch
 from planner.core.spec import Frozen
 
@@ -32,6 +34,9 @@ class Measured(Frozen):
     forward_backward_s: float
     optimizer_s: float
     communication_s: float
+    step_spread: float = 0.0
+    """Interquartile range of the timed steps over their median (procedure.summarize)."""
+    runs: int = 0
 
     @property
     def compute_s(self) -> float | None:
@@ -83,6 +88,7 @@ def _comm_seconds(net, opt, tokens, labels) -> float:
 
 
 def measure(cfg: StepConfig, rank: int, threads: int, steps: int, warmup: int) -> Measured:
+    """Rank `rank`'s step times (the caller has pinned it: `procedure.pin`)."""
     torch.set_num_threads(threads)
     torch.manual_seed(0)
     net, opt = _wrap(cfg, build_model(cfg.model, cfg.seq_len))
@@ -93,13 +99,16 @@ def measure(cfg: StepConfig, rank: int, threads: int, steps: int, warmup: int) -
     fwd_bwd = statistics.median(t[0] for t in timed)
     optim = statistics.median(t[1] for t in timed)
     comm = _comm_seconds(net, opt, tokens, labels) if cfg.nproc > 1 else 0.0
-    return Measured(step_s=statistics.median(a + b for a, b in timed), forward_backward_s=fwd_bwd,
-                    optimizer_s=optim, communication_s=comm)
+    step = summarize([a + b for a, b in timed])
+    return Measured(step_s=step.median_s, forward_backward_s=fwd_bwd, optimizer_s=optim, communication_s=comm,
+                    step_spread=step.spread, runs=step.runs)
 
 
 def _worker(rank: int, store_dir: str, cfg_json: str, threads: int, steps: int, warmup: int,
-            clock: str) -> None:
+            clock: str, pin_ranks: bool = True) -> None:
     warnings.filterwarnings("ignore")
+    if pin_ranks:
+        pin(rank, threads)  # before gloo starts its threads: they inherit the mask
     use_clock(clock)
     cfg = StepConfig.model_validate_json(cfg_json)
     dist.init_process_group("gloo", init_method=f"file://{store_dir}/store", rank=rank, world_size=cfg.nproc)
@@ -110,14 +119,21 @@ def _worker(rank: int, store_dir: str, cfg_json: str, threads: int, steps: int, 
         dist.destroy_process_group()
 
 
-def measure_step(cfg: StepConfig, threads: int, steps: int = 4, warmup: int = 2,
-                 clock: str = "wall") -> Measured:
-    """Rank 0's measurements of `cfg` (one process here, or `nproc` spawned ones)."""
+STEPS = 10
+WARMUP = 3
+
+
+def measure_step(cfg: StepConfig, threads: int, steps: int = STEPS, warmup: int = WARMUP,
+                 clock: str = "wall", pin_ranks: bool = True) -> Measured:
+    """Rank 0's measurements of `cfg` (one process here, pinned to rank 0's cores, or `nproc`
+    spawned ones, each pinned to its own; `pin_ranks=False` leaves placement to the scheduler,
+    for the stability comparison of benchmarks/calibrate_hardware.py --stability)."""
     use_clock(clock)
     if cfg.nproc == 1:
-        return measure(cfg, 0, threads, steps, warmup)
+        with pinned(0, threads, "cpu" if pin_ranks else "none"):
+            return measure(cfg, 0, threads, steps, warmup)
     import torch.multiprocessing as mp
 
     with tempfile.TemporaryDirectory(prefix="zplan-step-") as tmp:
-        mp.spawn(_worker, args=(tmp, cfg.model_dump_json(), threads, steps, warmup, clock), nprocs=cfg.nproc, join=True)
+        mp.spawn(_worker, args=(tmp, cfg.model_dump_json(), threads, steps, warmup, clock, pin_ranks), nprocs=cfg.nproc, join=True)
         return Measured.model_validate_json(Path(tmp, "rank0.json").read_text())
