@@ -49,6 +49,17 @@ def _check_step(cols: dict, i: int, est: steptime.StepEstimate, what) -> None:
         assert got == pytest.approx(value, rel=1e-12, abs=1e-15), (name, what)
 
 
+def _check_row(cols: dict, i: int, model, cluster, setup, layout) -> None:
+    """Row i of the sweep's columns against the one-layout references: memory to the byte
+    (plan_memory), every step figure to 1e-12 (estimate_step)."""
+    mem = plan.plan_memory(model, cluster, layout, setup)
+    assert int(cols["gpu_peak_bytes"][i]) == max(s.total_bytes for s in mem.stages), layout
+    assert int(cols["headroom_bytes"][i]) == mem.peak_stage.headroom_bytes, layout
+    assert int(cols["node_cpu_bytes"][i]) == mem.node.cpu_bytes, layout
+    assert int(cols["node_nvme_bytes"][i]) == mem.node.nvme_bytes, layout
+    _check_step(cols, i, steptime.estimate_step(model, cluster, layout, setup), layout)
+
+
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
 def test_shuffled_repeated_candidates_equal_the_one_row_references(case):
     """`sweep.evaluate` over a shuffled sample in which every row appears twice: each row to
@@ -61,13 +72,7 @@ def test_shuffled_repeated_candidates_equal_the_one_row_references(case):
     rows = cands.take(order)
     cols = sweep.evaluate(model, cluster, setup, rows, c)
     for i in range(0, len(order), 3):
-        layout = sweep.layout_at(rows, i, c)
-        mem = plan.plan_memory(model, cluster, layout, setup)
-        assert int(cols["gpu_peak_bytes"][i]) == max(s.total_bytes for s in mem.stages), layout
-        assert int(cols["headroom_bytes"][i]) == mem.peak_stage.headroom_bytes, layout
-        assert int(cols["node_cpu_bytes"][i]) == mem.node.cpu_bytes, layout
-        assert int(cols["node_nvme_bytes"][i]) == mem.node.nvme_bytes, layout
-        _check_step(cols, i, steptime.estimate_step(model, cluster, layout, setup), layout)
+        _check_row(cols, i, model, cluster, setup, sweep.layout_at(rows, i, c))
     # a row and its repeat are the same figures
     first = {int(j): k for k, j in enumerate(order)}
     for k, j in enumerate(order):
@@ -166,13 +171,7 @@ def test_evaluation_by_enumeration_groups_equals_the_one_row_references(case):
     rows = cands.take(order)
     cols = sweep.evaluate(model, cluster, setup, rows, c, activity_key=key[order])
     for i in range(0, len(order), max(1, len(order) // 40)):
-        layout = sweep.layout_at(rows, i, c)
-        mem = plan.plan_memory(model, cluster, layout, setup)
-        assert int(cols["gpu_peak_bytes"][i]) == max(s.total_bytes for s in mem.stages), layout
-        assert int(cols["headroom_bytes"][i]) == mem.peak_stage.headroom_bytes, layout
-        assert int(cols["node_cpu_bytes"][i]) == mem.node.cpu_bytes, layout
-        assert int(cols["node_nvme_bytes"][i]) == mem.node.nvme_bytes, layout
-        _check_step(cols, i, steptime.estimate_step(model, cluster, layout, setup), layout)
+        _check_row(cols, i, model, cluster, setup, sweep.layout_at(rows, i, c))
 
 
 STATE_VARIANTS = [dict(zero_stage=0), dict(zero_stage=1, offload_optimizer="cpu"),
