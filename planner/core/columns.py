@@ -108,8 +108,10 @@ class LayoutColumns(Mapping[str, np.ndarray]):
         return cls.from_layouts([layout])
 
     def to_layout(self, i: int, *, flash_attention: bool = True,
-                  buffers: EngineBuffers | None = None) -> Layout:
-        """The typed Layout of row i (fields missing from the columns take Layout's defaults)."""
+                  buffers: EngineBuffers | None = None,
+                  megatron_overlap: tuple[str, ...] | None = None) -> Layout:
+        """The typed Layout of row i (fields missing from the columns take Layout's defaults);
+        `flash_attention`, `buffers`, `megatron_overlap`: fields every row shares."""
         fields: dict[str, object] = {}
         for name, col in self._cols.items():
             value = col[i]
@@ -121,7 +123,8 @@ class LayoutColumns(Mapping[str, np.ndarray]):
                 fields[name] = int(value) or None
             else:
                 fields[name] = int(value)
-        extra: dict[str, object] = {"flash_attention": flash_attention}
+        extra: dict[str, object] = {"flash_attention": flash_attention,
+                                    "megatron_overlap": megatron_overlap}
         if buffers is not None:
             extra["buffers"] = buffers
         return Layout(**fields, **extra)
@@ -130,7 +133,7 @@ class LayoutColumns(Mapping[str, np.ndarray]):
 # --------------------------------------------------------------------------- grouping
 
 
-def _unique_ints(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def unique_ints(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """`np.unique(values, return_inverse=True)` for non-negative integers: with a presence
     table (linear, no sort) when the range is small, else `np.unique`."""
     size = int(values.max(initial=0)) + 1
@@ -155,14 +158,14 @@ def group_rows(*keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     for key in keys:
         radix = int(key.max(initial=0)) + 1
         if packed is not None and width * radix > limit:
-            uniq, packed = _unique_ints(packed)
+            uniq, packed = unique_ints(packed)
             width = max(len(uniq), 1)
         if width * radix > limit:
-            uniq, key = _unique_ints(key)
+            uniq, key = unique_ints(key)
             radix = max(len(uniq), 1)
         packed = key if packed is None else packed * radix + key
         width *= radix
-    uniq, inverse = _unique_ints(packed)
+    uniq, inverse = unique_ints(packed)
     inverse = inverse.astype(np.int64, copy=False)
     rep = representatives(inverse, len(uniq))
     return np.stack([key[rep] for key in keys], axis=1), inverse
@@ -217,6 +220,6 @@ def activity_groups(cols: LayoutColumns, key: np.ndarray | None = None
         _, inverse = group_rows(*(cols[name] for name in cols if name not in STATE_FIELDS))
         groups = int(inverse.max(initial=-1)) + 1
     else:
-        uniq, inverse = _unique_ints(np.asarray(key, dtype=np.int64))
+        uniq, inverse = unique_ints(np.asarray(key, dtype=np.int64))
         groups = len(uniq)
     return representatives(inverse, groups), inverse

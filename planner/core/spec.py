@@ -689,18 +689,28 @@ class Layout(Frozen):
         return self
 
 
+def megatron_overlap_requires(overlap: tuple[str, ...]) -> tuple[tuple[int, ...], bool]:
+    """(ZeRO stages, sequence parallelism needed) that Megatron runs `overlap` with
+    (megatron/training/arguments.py at d98e8a64): its DDP (zero 0) or distributed optimizer
+    (zero 1), only the latter for param_gather; tp_comm needs --sequence-parallel. Read by the
+    Layout rule below and by the sweep's pins (`megatron_overlap.sweep_pins`)."""
+    return ((1,) if "param_gather" in overlap else (0, 1)), "tp_comm" in overlap
+
+
 def _check_megatron_overlap(layout: Layout) -> None:
-    """Megatron-LM's own rules (megatron/training/arguments.py at d98e8a64)."""
+    """Megatron-LM's own rules (`megatron_overlap_requires`)."""
     over = layout.megatron_overlap
     if len(set(over)) != len(over):
         raise ValueError(f"megatron_overlap: entries repeat {list(over)}")
+    zeros, needs_sp = megatron_overlap_requires(over)
     if layout.zero_stage > 1 or layout.dp_engine != "deepspeed":
         raise ValueError("megatron_overlap: Megatron's DDP or distributed optimizer only "
-                         f"(zero_stage 0 or 1), got zero_stage {layout.zero_stage}")
-    if "tp_comm" in over and not layout.sequence_parallel:  # which Megatron turns off at tp=1
+                         f"(zero_stage 0 or 1, dp_engine deepspeed), got zero_stage "
+                         f"{layout.zero_stage}, dp_engine {layout.dp_engine}")
+    if needs_sp and not layout.sequence_parallel:  # which Megatron turns off at tp=1
         raise ValueError("megatron_overlap: tp_comm (--tp-comm-overlap) needs "
                          "sequence_parallel (--sequence-parallel, tp > 1)")
-    if "param_gather" in over and (layout.zero_stage != 1 or "grad_reduce" not in over):
+    if "param_gather" in over and (layout.zero_stage not in zeros or "grad_reduce" not in over):
         raise ValueError("megatron_overlap: param_gather (--overlap-param-gather) needs "
                          "zero_stage 1 (--use-distributed-optimizer) and grad_reduce "
                          "(--overlap-grad-reduce)")

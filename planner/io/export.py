@@ -35,8 +35,8 @@ def _format_text(fmt: Format, model: ModelSpec, cluster: Cluster, layout: Layout
         raise PlanInputError("dp_engine", f"dp_engine=fsdp2 cannot be written as --format {fmt}; "
                                           "use --format accelerate-fsdp (FSDP2)")
     if fmt != "megatron" and layout.megatron_overlap:  # () is every overlap off: any engine
-        raise PlanInputError("megatron_overlap", f"{','.join(layout.megatron_overlap)} are "
-                             f"Megatron-LM flags, not expressible as --format {fmt}; use "
+        raise PlanInputError("megatron_overlap", f"{','.join(layout.megatron_overlap)} (Megatron-LM "
+                             f"overlap flags) not expressible as --format {fmt}; use "
                              "--format megatron")
     if fmt == "accelerate-fsdp" and layout.cp > 1:
         raise PlanInputError("cp", f"cp={layout.cp}: the {fmt} writer has no context-parallel "

@@ -43,7 +43,7 @@ from planner.timing import steptime
 from planner.core.errors import PlanInputError
 from planner.core import rules
 from planner.core.columns import (CP_COMM_TYPES, DP_ENGINES, OFFLOAD_TARGETS, LayoutColumns,
-                                  _unique_ints, activity_groups, group_rows, piecewise,
+                                  activity_groups, group_rows, piecewise, unique_ints,
                                   representatives)
 from planner.memory.context import cp_working_bytes, local_seq_len
 from planner.core.spec import (
@@ -303,10 +303,8 @@ def enumerate_candidates(model: ModelSpec, cluster: Cluster, setup: TrainSetup,
 def layout_at(cands: LayoutColumns, i: int, c: Constraints | None = None) -> Layout:
     """The typed Layout of candidate i."""
     c = c or Constraints()
-    layout = cands.to_layout(i, flash_attention=c.flash_attention, buffers=c.buffers)
-    if c.megatron_overlap is None:
-        return layout
-    return Layout.model_validate(layout.model_dump() | {"megatron_overlap": c.megatron_overlap})
+    return cands.to_layout(i, flash_attention=c.flash_attention, buffers=c.buffers,
+                           megatron_overlap=c.megatron_overlap)
 
 
 _group = group_rows
@@ -549,7 +547,7 @@ def model_state_columns(cluster: Cluster, setup: TrainSetup, cands: LayoutColumn
         key = (tp_pp_inv[one] * 2 + (cands["grad_accum"][one] > 1)).take(activity[1])
         for code, width in zip(state, (4, len(OFFLOAD_TARGETS), len(OFFLOAD_TARGETS), len(DP_ENGINES))):
             key = key * width + code
-        keys, inv = _unique_ints(key)
+        keys, inv = unique_ints(key)
     rep = _representatives(inv, len(keys))
     row = tp_pp_inv[rep]  # the (tp, pp) row of each combination
     sub = cands.take(rep)

@@ -41,7 +41,7 @@ from __future__ import annotations
 import numpy as np
 
 from planner.core.errors import PlanInputError
-from planner.core.spec import MegatronOverlap
+from planner.core.spec import MegatronOverlap, megatron_overlap_requires
 from planner.timing import interference
 
 __all__ = ["MegatronOverlap", "FLAGS", "tp_layer_exposed_s", "dp_exposed_s", "sweep_pins"]
@@ -150,19 +150,19 @@ def sweep_pins(overlap: tuple[str, ...] | None, zero_stage: tuple[int, ...] | No
                dp_engine: tuple[str, ...] | None, sequence_parallel: tuple[bool, ...] | None
                ) -> tuple:
     """(zero_stage, dp_engine, sequence_parallel) pins of a sweep whose candidates all carry
-    `overlap`, narrowed to what Megatron runs it with (the Layout rules): Megatron's DDP or
-    distributed optimizer (zero 0 or 1, zero 1 for param_gather), sequence parallelism for
-    tp_comm. A user pin outside them is an input error."""
+    `overlap`, narrowed to what Megatron runs it with (`spec.megatron_overlap_requires`, which
+    the Layout rule reads too), on Megatron's DDP / distributed optimizer (dp_engine deepspeed).
+    A user pin outside them is an input error."""
     if overlap is None:
         return zero_stage, dp_engine, sequence_parallel
-    allowed = (1,) if "param_gather" in overlap else (0, 1)
+    allowed, needs_sp = megatron_overlap_requires(overlap)
     zeros = tuple(z for z in (zero_stage or allowed) if z in allowed)
     engines = tuple(e for e in (dp_engine or ("deepspeed",)) if e == "deepspeed")
     if not zeros or not engines:
         raise PlanInputError("megatron_overlap", f"{','.join(overlap) or 'none'} runs on "
                              f"Megatron's DDP or distributed optimizer (--zero "
                              f"{'/'.join(map(str, allowed))}, --dp-engine deepspeed)")
-    if "tp_comm" in overlap:
+    if needs_sp:
         if sequence_parallel == (False,):
             raise PlanInputError("megatron_overlap", "tp_comm needs --sequence-parallel")
         sequence_parallel = (True,)
