@@ -743,11 +743,11 @@ def step_columns(model: ModelSpec, cluster: Cluster, setup: TrainSetup, cols: La
     table = {int(k): flops_mod.step_flops(model, setup, Layout(
         recompute=RECOMPUTE_MODES[int(k)], flash_attention=flash_attention)) for k in codes}
 
-    def per_mode(name: str, rec=rec) -> np.ndarray:
+    def per_mode(name: str, rec_codes: np.ndarray) -> np.ndarray:  # FLOPs field of each row's mode
         lookup = np.zeros(len(RECOMPUTE_MODES))
         for k, f in table.items():
             lookup[k] = getattr(f, name)
-        return lookup[rec]
+        return lookup[rec_codes]
 
     allreduces = np.array([tp_allreduces_per_layer(mode) for mode in RECOMPUTE_MODES])
     elementwise_code = np.array([RECOMPUTE_CODE[mode] for mode in RECOMPUTE_MODES])[rec]
@@ -767,8 +767,8 @@ def step_columns(model: ModelSpec, cluster: Cluster, setup: TrainSetup, cols: La
         tp_allreduces=allreduces[rec],
         elementwise_bytes=elementwise_step_bytes(token_b, score_b, elementwise_code),
         elementwise_fwd_bytes=token_b + score_b,
-        fwd_flops=per_mode("forward_flops") * per_gpu, bwd_flops=per_mode("backward_flops") * per_gpu,
-        recompute_flops=per_mode("recompute_flops") * per_gpu,
+        fwd_flops=per_mode("forward_flops", rec) * per_gpu, bwd_flops=per_mode("backward_flops", rec) * per_gpu,
+        recompute_flops=per_mode("recompute_flops", rec) * per_gpu,
         efficiency=eff, fill_stages=(model.num_layers - layers) / layers, stage_rows=stage_rows,
         qkv_bytes=b * (tokens * float(params.qkv_width(model) * prec.activation_bytes)),
         kv_heads=None if model.is_mla else model.kv_heads,
