@@ -286,6 +286,8 @@ def _data_model(run: PublicRun) -> ModelSpec:
                  linear_bias=False, dropout=False) if llama else {}
     if m.tied_embeddings is not None:  # the row states (or derives) it
         extra["tied_embeddings"] = m.tied_embeddings
+    if m.mlp is not None:  # the row states it (Nemotron-4: squared ReLU, two matrices)
+        extra["mlp"] = m.mlp
     return ModelSpec(name=run.name, num_layers=m.num_layers, hidden_size=m.hidden_size,
                      num_heads=m.num_heads, num_kv_heads=m.num_kv_heads,
                      ffn_hidden_size=m.ffn_hidden_size or 4 * m.hidden_size,
@@ -330,6 +332,7 @@ def data_row_build(run: PublicRun, level: float | None = None
     recompute = "selective" if run.recompute == "unknown" else run.recompute
     fused = run.model.num_kv_heads is not None or run.engine.startswith("megatron-core")
     layout = Layout(tp=run.tp, pp=run.pp, dp=run.dp, cp=run.cp, zero_stage=data_zero_stage(run),
+                    virtual_stages=run.virtual_stages,
                     dp_engine=data_dp_engine(run),
                     recompute=recompute, micro_batch=run.micro_batch, grad_accum=m,
                     first_stage_layers=first, last_stage_layers=last,
@@ -436,11 +439,12 @@ rows) was committed (FOURTH SPLIT RULE); no structural change may follow."""
 
 SPLIT_LABELS = {"in_sample": "in_sample", "out_of_sample": "seen since s8",
                 "out_of_sample_2": "seen since s10", "out_of_sample_3": "seen since s11",
-                "out_of_sample_4": "out_of_sample_4"}
+                "out_of_sample_4": "seen since s11", "out_of_sample_5": "out_of_sample_5"}
 """How each split is reported: the session-8 out-of-sample rows have been seen since session 8
 and the session-10 ones since session 10 (errors looked at while building the model), so they
-are no longer clean held-out evidence; out_of_sample_3 was evaluated once by t10b (session 11)
-and is seen since; out_of_sample_4 is the held-out split."""
+are no longer clean held-out evidence; out_of_sample_3 (t10b) and out_of_sample_4 (f10c) were
+each evaluated once in session 11 and are seen since; out_of_sample_5 (session 12, NVIDIA
+dgxc-benchmarking) is the held-out split."""
 
 
 def split_group_report(rows, split: str = "out_of_sample_4") -> list[str]:
