@@ -7,9 +7,10 @@ Then every row of benchmarks/data/published_runs.yaml is evaluated with the ship
 (no override: each GPU's profile, matmuls at their shapes, the wired collectives), and the
 mean / max |error| is printed per category (Megatron-style tp/pp on A100; ZeRO-3/FSDP; other
 GPUs) for the in-sample rows, the rows seen since session 8 (the first out-of-sample split),
-the rows seen since session 10 (out_of_sample_2) and the session-11 held-out rows
-(out_of_sample_3, seen since s11) and the held-out MosaicML FSDP rows (out_of_sample_4)
-SEPARATELY (`category_report`, `split_group_report`). Each split is
+the rows seen since session 10 (out_of_sample_2), the session-11 rows (out_of_sample_3 and the
+MosaicML FSDP rows out_of_sample_4, both seen since s11) and the session-12 held-out NeMo H100
+rows (out_of_sample_5) SEPARATELY (`category_report`, `split_group_report`,
+`split_family_report`). Each split is
 the data file's, fixed before any error on it was computed; out-of-sample errors are reported,
 never fitted.
 
@@ -286,6 +287,8 @@ def _data_model(run: PublicRun) -> ModelSpec:
                  linear_bias=False, dropout=False) if llama else {}
     if m.tied_embeddings is not None:  # the row states (or derives) it
         extra["tied_embeddings"] = m.tied_embeddings
+    if m.mlp is not None:  # the row states it (Nemotron-4: squared ReLU, two matrices)
+        extra["mlp"] = m.mlp
     return ModelSpec(name=run.name, num_layers=m.num_layers, hidden_size=m.hidden_size,
                      num_heads=m.num_heads, num_kv_heads=m.num_kv_heads,
                      ffn_hidden_size=m.ffn_hidden_size or 4 * m.hidden_size,
@@ -330,6 +333,7 @@ def data_row_build(run: PublicRun, level: float | None = None
     recompute = "selective" if run.recompute == "unknown" else run.recompute
     fused = run.model.num_kv_heads is not None or run.engine.startswith("megatron-core")
     layout = Layout(tp=run.tp, pp=run.pp, dp=run.dp, cp=run.cp, zero_stage=data_zero_stage(run),
+                    virtual_stages=run.virtual_stages,
                     dp_engine=data_dp_engine(run),
                     recompute=recompute, micro_batch=run.micro_batch, grad_accum=m,
                     first_stage_layers=first, last_stage_layers=last,
@@ -427,7 +431,7 @@ def evaluated_rows() -> list[tuple[str, str, str, float, float | None, float | N
 
 
 EVALUATED_SPLITS = ("in_sample", "out_of_sample", "out_of_sample_2", "out_of_sample_3",
-                    "out_of_sample_4")
+                    "out_of_sample_4", "out_of_sample_5")
 """Splits whose model errors are computed. out_of_sample_2 joined after session 10's
 structural work; out_of_sample_3 joined once, after session 11's (the Megatron overlaps) was
 committed (the YAML's THIRD SPLIT RULE); out_of_sample_4 (MosaicML llm-foundry FSDP tables)
@@ -436,11 +440,12 @@ rows) was committed (FOURTH SPLIT RULE); no structural change may follow."""
 
 SPLIT_LABELS = {"in_sample": "in_sample", "out_of_sample": "seen since s8",
                 "out_of_sample_2": "seen since s10", "out_of_sample_3": "seen since s11",
-                "out_of_sample_4": "out_of_sample_4"}
+                "out_of_sample_4": "seen since s11", "out_of_sample_5": "out_of_sample_5"}
 """How each split is reported: the session-8 out-of-sample rows have been seen since session 8
 and the session-10 ones since session 10 (errors looked at while building the model), so they
-are no longer clean held-out evidence; out_of_sample_3 was evaluated once by t10b (session 11)
-and is seen since; out_of_sample_4 is the held-out split."""
+are no longer clean held-out evidence; out_of_sample_3 (t10b) and out_of_sample_4 (f10c) were
+each evaluated once in session 11 and are seen since; out_of_sample_5 (session 12, NVIDIA
+dgxc-benchmarking) is the held-out split."""
 
 
 def split_group_report(rows, split: str = "out_of_sample_4") -> list[str]:
@@ -457,6 +462,21 @@ def split_group_report(rows, split: str = "out_of_sample_4") -> list[str]:
                 lines.append(f"{SPLIT_LABELS[split]:<16} {gpu:<10} {nodes:<6} {len(errs):>4} "
                              f"{sum(map(abs, errs)) / len(errs):>9.1f}% "
                              f"{max(map(abs, errs)):>8.1f}% {sum(errs) / len(errs):>+8.1f}%")
+    return lines
+
+
+def split_family_report(rows, split: str = "out_of_sample_5") -> list[str]:
+    """Mean / max |error| of one split's rows by model (the row name without its GPU count:
+    one recipe's weak-scaling columns), the grouping fixed with the FIFTH SPLIT RULE before the
+    split's errors were computed."""
+    lines = [f"{'split':<16} {'model':<22} {'rows':>4} {'mean |err|':>10} {'max |err|':>9} "
+             f"{'mean err':>9}"]
+    sel = [(r[0].rsplit("-", 1)[0], r[5]) for r in rows if r[1] == split and r[5] is not None]
+    for family in dict.fromkeys(f for f, _ in sel):
+        errs = [e for f, e in sel if f == family]
+        lines.append(f"{SPLIT_LABELS[split]:<16} {family:<22} {len(errs):>4} "
+                     f"{sum(map(abs, errs)) / len(errs):>9.1f}% {max(map(abs, errs)):>8.1f}% "
+                     f"{sum(errs) / len(errs):>+8.1f}%")
     return lines
 
 
@@ -517,8 +537,11 @@ def main(argv: list[str] | None = None) -> None:
     print("\n(note MFU: % MFU; tokens/s: tokens per second per GPU; the others TFLOP/s per GPU,"
           " counted as the source counts)\n")
     print("\n".join(category_report(rows)))
-    print("\nout_of_sample_4 (MosaicML llm-foundry MPT, Composer FSDP FULL_SHARD) by GPU and nodes")
+    print("\nout_of_sample_4 (MosaicML llm-foundry MPT, Composer FSDP FULL_SHARD, seen since s11)"
+          " by GPU and nodes")
     print("\n".join(split_group_report(rows)))
+    print("\nout_of_sample_5 (NVIDIA dgxc-benchmarking v25.01, NeMo BF16 on H100) by model")
+    print("\n".join(split_family_report(rows)))
     if args.loo:
         print("\nleave-one-out: fit on one row, errors on the other nine")
         print(f"{'fit row':>9} {'efficiency':>10} {'mean |err|':>10} {'max |err|':>9}")

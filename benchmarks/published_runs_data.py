@@ -37,6 +37,9 @@ class RunModel(Frozen):
     seq_len: int
     tied_embeddings: bool | None = None
     """None: the evaluator's default for the block (GPT tied, Llama untied)."""
+    mlp: Literal["gelu", "swiglu"] | None = None
+    """gelu: the non-gated two-matrix MLP (GELU, squared ReLU: the same GEMMs); swiglu: gated.
+    None: the evaluator's default (gated for rows with GQA heads, else non-gated)."""
 
 
 class PublicRun(Frozen):
@@ -44,10 +47,11 @@ class PublicRun(Frozen):
 
     name: str
     split: Literal["in_sample", "out_of_sample", "out_of_sample_2", "out_of_sample_3",
-                   "out_of_sample_4"]
+                   "out_of_sample_4", "out_of_sample_5"]
     """out_of_sample_2: sources added in session 10 (the YAML's NEW SPLIT RULE);
     out_of_sample_3: session 11 (THIRD SPLIT RULE); out_of_sample_4: session 11, the MosaicML
-    llm-foundry FSDP tables (FOURTH SPLIT RULE)."""
+    llm-foundry FSDP tables (FOURTH SPLIT RULE); out_of_sample_5: session 12, NVIDIA
+    dgxc-benchmarking v25.01 BF16 H100 tables (FIFTH SPLIT RULE)."""
     category: Literal["dense", "moe"] = "dense"
     """`moe`: a mixture-of-experts run (an evaluator without expert parallelism skips it)."""
     paper: str
@@ -58,6 +62,9 @@ class PublicRun(Frozen):
     tp: int
     cp: int = 1
     pp: int
+    virtual_stages: int = 1
+    """Interleaved pipeline chunks per stage (Megatron --num-virtual-stages-per-pipeline-rank,
+    NeMo virtual_pipeline_model_parallel_size) where the source states it; 1 otherwise."""
     dp: int
     ep: int = 1
     """Expert-parallel degree; the experts are split over `ep` ranks inside the `dp` ranks."""
@@ -119,7 +126,7 @@ def by_split(runs: tuple[PublicRun, ...], split: str) -> tuple[PublicRun, ...]:
 def main() -> None:
     runs = load_runs()
     for split in ("in_sample", "out_of_sample", "out_of_sample_2", "out_of_sample_3",
-                  "out_of_sample_4"):
+                  "out_of_sample_4", "out_of_sample_5"):
         print(f"{split}:")
         for r in by_split(runs, split):
             metric = (f"{r.tflops_per_gpu:>6.1f} TFLOP/s/GPU" if r.tflops_per_gpu is not None

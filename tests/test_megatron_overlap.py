@@ -104,6 +104,58 @@ def test_dp_exposed_by_hand():
         0.2 + max(0.1, 0.025 + k * 0.175))
 
 
+def test_interleaved_grad_reduce_by_hand():
+    # Megatron-LM d98e8a64 schedules.py (interleaved, align_grad_reduce): chunk c's gradients
+    # (grad_s / v) launched after its last backward, c rounds of pp chunk micro-batches before
+    # the end. pp 4, v 3, one micro-batch's stage backward 0.3 s -> a round is 4 x 0.1 = 0.4 s.
+    # Gradient reduce-scatter of the stage 1.2 s -> 0.4 s per chunk; no interference.
+    # Launches at -0.8 (chunk 2), -0.4 (chunk 1), 0 (chunk 0); the stream runs -0.8 .. 0.4:
+    # exposed 0.4 s = max(1.2 - 0.8, 1.2 / 3).
+    assert float(mo.interleaved_grad_exposed_s(1.2, 0.3, 4, 3)) == pytest.approx(0.4)
+    # A slower reduction, 3.0 s (1.0 per chunk): stream -0.8 .. 2.2 -> 2.2 = 3.0 - 0.8.
+    assert float(mo.interleaved_grad_exposed_s(3.0, 0.3, 4, 3)) == pytest.approx(2.2)
+    # A fast one, 0.3 s (0.1 per chunk): chunks 2 and 1 finish before chunk 0 is launched;
+    # only chunk 0's 0.1 s after the last backward.
+    assert float(mo.interleaved_grad_exposed_s(0.3, 0.3, 4, 3)) == pytest.approx(0.1)
+    # interference k = 0.2 on the overlapped 0.2 s of the fast case: 0.1 + 0.2 x 0.2 = 0.14
+    assert float(mo.interleaved_grad_exposed_s(0.3, 0.3, 4, 3, k=0.2)) == pytest.approx(0.14)
+
+
+def test_interleaved_param_gather_by_hand():
+    # Chunks 0 and 1 launched at the step start, chunk c+1 when chunk c's first micro-batch
+    # starts; chunk c needed at c rounds (pp x fwd / v) in, hiding all but its first bucket
+    # behind its own first micro-batch (fwd / v). pp 4, v 3, micro-batch forward 0.15 s ->
+    # chunk micro-batch 0.05 s, round 0.2 s; all-gather 0.6 s (0.2 per chunk), bucket 0.01 s.
+    # Chunk 0: max(0.2 - 0.05, 0.01) = 0.15; all three: 0.6 - (2 x 0.2 + 0.05) = 0.15.
+    assert float(mo.interleaved_param_exposed_s(0.6, 0.15, 4, 3, 0.01)) == pytest.approx(0.15)
+    # 1.5 s (0.5 per chunk): chunk 0 0.45; whole queue 1.5 - 0.45 = 1.05 (the larger).
+    assert float(mo.interleaved_param_exposed_s(1.5, 0.15, 4, 3, 0.01)) == pytest.approx(1.05)
+
+
+def test_dp_exposed_switches_to_the_interleaved_schedule_at_v_above_1():
+    # The test_dp_exposed_by_hand case (grad 0.4, param 0.2, buckets 0.05 / 0.025, forward 0.1,
+    # backward 0.2) on pp 4: v = 1 keeps 0.2 + 0.1 = 0.3; v = 2: grads behind (2-1) x 4 x 0.2 / 2
+    # = 0.4 s, at least chunk 0's 0.2 -> 0.2; params: chunk 0 max(0.1 - 0.05, 0.025) = 0.05,
+    # whole max(0.2 - (1 x 4 + 1) x 0.05, 0.025) = 0.025 -> 0.05; total 0.25.
+    both = ("grad_reduce", "param_gather")
+    args = (np.array(1), 0.4, 0.2, 0.05, 0.025, 0.1, 0.2, both)
+    assert float(mo.dp_exposed_s(*args, pp=4, v=1)[1]) == pytest.approx(0.3)
+    assert float(mo.dp_exposed_s(*args, pp=4, v=2)[1]) == pytest.approx(0.25)
+    # without the overlaps the schedule changes nothing: all 0.6 exposed
+    assert float(mo.dp_exposed_s(*args[:-1], (), pp=4, v=2)[1]) == pytest.approx(0.6)
+
+
+def test_interleaving_changes_the_wired_dp_exposure():
+    # Wired through estimate_step: pp 4 with the Megatron overlaps; v = 2 launches the chunk
+    # reductions by the schedule (a round of 4 chunk micro-batches hides them), so the exposed
+    # data-parallel time differs from v = 1's last-micro-batch window while the total is equal.
+    base = dict(tp=4, pp=4, dp=8, zero_stage=1, sequence_parallel=True, micro_batch=1,
+                grad_accum=8, megatron_overlap=("tp_comm", "grad_reduce", "param_gather"))
+    one, two = _step(Layout(**base)), _step(Layout(**base, virtual_stages=2))
+    assert two.dp_comm_s == pytest.approx(one.dp_comm_s)
+    assert two.dp_comm_exposed_s != pytest.approx(one.dp_comm_exposed_s)
+
+
 # --------------------------------------------------------------------------- wired
 
 MODEL = ModelSpec(name="gpt-13b", num_layers=40, hidden_size=5120, num_heads=40,

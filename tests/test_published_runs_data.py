@@ -31,6 +31,7 @@ def test_layout_products_equal_gpu_counts():
 SESSION_10_SOURCES = ("NVIDIA Megatron-LM README", "PyTorch torchtitan")
 SESSION_11_SOURCES = ("NVIDIA NeMo-Framework-Launcher README",)
 MOSAIC = "MosaicML llm-foundry"
+DGXC = "NVIDIA dgxc-benchmarking"
 
 
 def test_split_is_by_paper():
@@ -42,6 +43,7 @@ def test_split_is_by_paper():
                     "out_of_sample_2" if r.paper.startswith(SESSION_10_SOURCES) else
                     "out_of_sample_3" if r.paper.startswith(SESSION_11_SOURCES) else
                     "out_of_sample_4" if r.paper.startswith(MOSAIC) else
+                    "out_of_sample_5" if r.paper.startswith(DGXC) else
                     "out_of_sample")
         assert r.split == expected, r.name
 
@@ -274,3 +276,107 @@ def test_mosaic_mfu_from_throughput():
         mfu = per_token * r.tokens_per_s_per_gpu / COMPOSER_PEAK_FLOPS[r.gpu]
         # T/s/GPU is rounded to an integer: relative slack 1/T (at least 0.3 %).
         assert mfu == pytest.approx(r.mfu, rel=max(3e-3, 1.0 / r.tokens_per_s_per_gpu)), r.name
+
+
+# ------------------------------------------------------- out_of_sample_5 (NVIDIA dgxc-benchmarking)
+DGXC_ROWS = [r for r in RUNS.values() if r.split == "out_of_sample_5"]
+
+
+def test_dgxc_rows_selection():
+    # FIFTH SPLIT RULE: every BF16 column of five tables at v25.01: 340B 5 + 15B 8 + 175B 5 +
+    # 405B 3 (the full-model columns) + 70B 6 = 27 rows, all on H100 with tp or pp > 1.
+    counts = {}
+    for r in DGXC_ROWS:
+        counts[r.name.rsplit("-", 1)[0]] = counts.get(r.name.rsplit("-", 1)[0], 0) + 1
+        assert r.gpu == "h100-sxm" and (r.tp > 1 or r.pp > 1), r.name
+    assert counts == {"nemo-nemotron4-340b": 5, "nemo-nemotron4-15b": 8, "nemo-gpt3-175b": 5,
+                      "nemo-llama3.1-405b": 3, "nemo-llama3.1-70b": 6}
+
+
+def test_dgxc_throughput_is_sequence_times_batch_over_step():
+    # The README's formula: tokens/s = seq x GBS / step. 340B on 128 GPUs: 4096 x 32 / 4.61 =
+    # 28,431.7 (table 28,432); 405B on 576: 8192 x 252 / 17.20 = 120,022.3 (table 120,022).
+    # The step is printed to 0.01 s (0.1 s for '4.7'): the table's figure lies within the range
+    # a half-unit of the last printed digit allows.
+    # One source inconsistency: the 70B 2048-GPU column prints step 14.98 s but 2,248,957
+    # tokens/s = 8192 x 4096 / 14.92 (the 1024-GPU column's step; 14.98 would give 2,239,948,
+    # 0.4 % less). The row keeps the table's tokens/s (the FIFTH SPLIT RULE's metric).
+    assert 4096 * 32 / 4.61 == pytest.approx(28_432, abs=0.5)
+    assert 8192 * 4096 / 14.92 == pytest.approx(2_248_957, abs=0.5)
+    for r in DGXC_ROWS:
+        if r.name == "nemo-llama3.1-70b-2048gpu":
+            assert r.cross_check["tokens_per_s"] == 2_248_957 and r.iteration_time_s == 14.98
+            continue
+        exact = r.model.seq_len * r.global_batch
+        step = r.iteration_time_s
+        half = 0.05 if round(step, 1) == step else 0.005
+        assert exact / (step + half) <= r.cross_check["tokens_per_s"] <= exact / (step - half), \
+            r.name
+        assert r.tokens_per_s_per_gpu == pytest.approx(
+            r.cross_check["tokens_per_s"] / r.num_gpus, abs=0.05), r.name
+
+
+def test_dgxc_batches_follow_the_readmes_rules():
+    # GBS = dp x MBS x GA with the table titles' GA: 340B 16 (128 GPUs: dp = 128/(8 x 8) = 2,
+    # 32 = 2 x 1 x 16), 15B 4 (16 GPUs: dp 4, 64 = 4 x 4 x 4), 405B 63 (576 GPUs: dp =
+    # 576/(8 x 9 x 2) = 4, 252 = 4 x 63), 70B 64 (64 GPUs: dp = 64/(4 x 4 x 2) = 2, 128 = 2 x 64);
+    # 175B: GBS = nodes x 16 (README), 128 GPUs = 16 nodes -> 256 = 4 x 1 x 64.
+    title_ga = {"nemo-nemotron4-340b": 16, "nemo-nemotron4-15b": 4, "nemo-llama3.1-405b": 63,
+                "nemo-llama3.1-70b": 64}
+    for r in DGXC_ROWS:
+        ga = r.global_batch // (r.dp * r.micro_batch)
+        assert r.global_batch == r.dp * r.micro_batch * ga == r.dp * r.micro_batch * \
+            r.cross_check["grad_accum"], r.name
+        family = r.name.rsplit("-", 1)[0]
+        if family in title_ga:
+            assert ga == title_ga[family], r.name
+        else:
+            assert r.global_batch == r.num_gpus // 8 * 16, r.name
+        # Megatron's interleaving: layers split evenly over pp x v chunks, and the micro-batch
+        # count a multiple of pp (340B: 96 / (8 x 12) = 1 layer per chunk, 16 = 2 x 8).
+        assert r.model.num_layers % (r.pp * r.virtual_stages) == 0, r.name
+        assert r.virtual_stages == 1 or ga % r.pp == 0, r.name
+
+
+def _dgxc_model_flops_per_sample(layers, hidden, seq, vocab, ffn=None, groups=None, heads=None):
+    """The READMEs' Notes: GPT rows 24·l·h² + 12·l·h·s (attention) + 48·l·h² (MLP) + 6·V·h;
+    Llama rows 12·l·h²·(1 + g/a + s/h) + 18·l·f·h + 6·V·h; both times s."""
+    if ffn is None:
+        per_token = 24 * layers * hidden**2 + 12 * layers * hidden * seq + \
+            48 * layers * hidden**2 + 6 * vocab * hidden
+    else:
+        per_token = 12 * layers * hidden**2 * (1 + groups / heads + seq / hidden) + \
+            18 * layers * ffn * hidden + 6 * vocab * hidden
+    return seq * per_token
+
+
+def test_dgxc_dimensions_reproduce_the_readmes_model_flops():
+    # Each README's Notes state the model FLOPs of one sample from the dimensions; the rows'
+    # dimensions must give the same figure: 340B 1.01e16, 15B 434.5e12 (434,526,299,070,464),
+    # 175B 2.20e15, 70B 3.94e15, 405B 2.17e16. (The Llama Notes print the leading factor as
+    # "8129", a typo: 8192 x 481.43e9 = 3.944e15 gives their 3.94E+15, 8129 x would give 3.91.)
+    # The Notes use 16 query groups for 405B (12 x 126 x 16384^2 x (1 + 16/128 + 1/2)).
+    printed = {"nemo-nemotron4-340b": (1.01e16, 0.005), "nemo-nemotron4-15b": (434.5e12, 1e-3),
+               "nemo-gpt3-175b": (2.20e15, 0.005), "nemo-llama3.1-70b": (3.94e15, 0.002),
+               "nemo-llama3.1-405b": (2.17e16, 0.002)}
+    for r in DGXC_ROWS:
+        m = r.model
+        gpt = m.mlp is not None or m.num_kv_heads is None
+        flops = _dgxc_model_flops_per_sample(
+            m.num_layers, m.hidden_size, m.seq_len, m.vocab_size,
+            None if gpt else m.ffn_hidden_size, m.num_kv_heads, m.num_heads)
+        value, rel = printed[r.name.rsplit("-", 1)[0]]
+        assert flops == pytest.approx(value, rel=rel), r.name
+    # (The 15B Notes print the attention term as 38,666,279,738; by hand 24 x 32 x 6144^2 +
+    # 12 x 32 x 6144 x 4096 = 28,991,029,248 + 9,663,676,416 = 38,654,705,664: their product
+    # 434.53e12 is 0.011 % above the exact 434.48e12, inside the 0.1 % checked.)
+    assert _dgxc_model_flops_per_sample(32, 6144, 4096, 256000) == 434_478_891_663_360
+
+
+def test_dgxc_nemotron_mlp_is_four_h_non_gated():
+    # nemotron_340b.yaml: ffn_hidden_size 4 x hidden (73,728 = 4 x 18,432), activation
+    # squared-relu (two matrices); 15B: 24,576 = 4 x 6,144.
+    for r in DGXC_ROWS:
+        if "nemotron" in r.name:
+            assert r.model.ffn_hidden_size == 4 * r.model.hidden_size and r.model.mlp == "gelu"
+            assert r.model.tied_embeddings is False

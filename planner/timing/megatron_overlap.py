@@ -28,12 +28,26 @@ Sources (read at these commits):
   `no_sync` on the others; with overlap_param_gather each bucket group's all-gather is
   dispatched by the forward pre-hook of the previous one, the first in the next step's first
   forward).
+- Megatron-LM d98e8a64: the interleaved schedule (megatron/core/pipeline_parallel/schedules.py
+  `forward_backward_pipelining_with_interleaving`) with the default `align_grad_reduce` /
+  `align_param_gather` (megatron/training/training.py sets `config.grad_sync_func` /
+  `config.param_sync_func` to each chunk's `start_grad_sync` / `start_param_sync`):
+  `backward_step_helper_postprocess` launches a model chunk's whole gradient reduction right
+  after that chunk's last micro-batch backward (grad sync is disabled, `no_sync`, during the
+  backward itself, so the bucket hooks of `param_and_grad_buffer.register_grad_ready` do not
+  fire), the launch delayed by the pipeline rank so all ranks launch together; the backward of
+  the last group of pp micro-batches runs chunk v-1 first and chunk 0 last
+  (`get_model_chunk_id(..., forward=False)`). `forward_step_helper_preprocess` launches chunk
+  c+1's parameter all-gather when chunk c's first micro-batch starts (chunks 0 and 1 at the
+  step's start); the forward runs chunk 0's pp micro-batches, then chunk 1's, ...
 
 Named approximations: each of the block's four TP GEMMs at the block's mean matmul efficiency;
 a GEMM on fewer SMs takes sm_count / (sm_count - num_sm) as long (no wave quantisation); the
 data-gradient and weight-gradient GEMMs each take the forward GEMM's time; the parameter
 all-gathers spread over the first micro-batch's forward, the gradient reduce-scatters over the
-last micro-batch's backward (the engines' bucket order).
+last micro-batch's backward (the engines' bucket order); with the interleaved schedule, the
+rounds of pp chunk micro-batches at compute time only (pipeline waits inside the round not
+counted) and the stage's collective split evenly over its v chunks.
 """
 
 from __future__ import annotations
@@ -44,7 +58,8 @@ from planner.core.errors import PlanInputError
 from planner.core.spec import MegatronOverlap, megatron_overlap_requires
 from planner.timing import interference
 
-__all__ = ["MegatronOverlap", "FLAGS", "tp_layer_exposed_s", "dp_exposed_s", "sweep_pins"]
+__all__ = ["MegatronOverlap", "FLAGS", "tp_layer_exposed_s", "dp_exposed_s",
+           "interleaved_grad_exposed_s", "interleaved_param_exposed_s", "sweep_pins"]
 
 FLAGS: dict[str, str] = {"tp_comm": "--tp-comm-overlap", "grad_reduce": "--overlap-grad-reduce",
                          "param_gather": "--overlap-param-gather"}
@@ -123,8 +138,35 @@ def bucket_params(dp):
     return np.maximum(BUCKET_PARAMS_MIN, BUCKET_PARAMS_PER_DP * np.asarray(dp))
 
 
+def interleaved_grad_exposed_s(grad_s, bwd_mb_s, pp, v, k=0.0):
+    """Exposed gradient reduction of one step under the interleaved schedule (v > 1) with
+    `--overlap-grad-reduce` (module docstring, schedules.py at d98e8a64).
+
+    Chunk c's reduction (grad_s / v) is launched when its last backward ends, c rounds of pp
+    chunk micro-batches (pp x bwd_mb_s / v each) before the step's last backward; the launches
+    queue on one stream. Chunk c ends at max over j >= c of (launch_j + (j - c + 1)·grad_s / v);
+    linear in j, so the whole exposure is that of grad_s behind a window of (v - 1)·pp·bwd_mb_s
+    / v, at least chunk 0's grad_s / v (launched after the last backward: nothing left to hide
+    it), with interference k on the overlapped rest (`interference.overlapped_exposed_s`)."""
+    window = (v - 1) * pp * bwd_mb_s / v
+    return interference.overlapped_exposed_s(grad_s, window, k, grad_s / v)
+
+
+def interleaved_param_exposed_s(param_s, fwd_mb_s, pp, v, bucket_s, k=0.0):
+    """Exposed parameter all-gather of one step under the interleaved schedule (v > 1) with
+    `--overlap-param-gather`: chunks 0 and 1 launched at the step's start, chunk c + 1 when chunk
+    c's first micro-batch starts; chunk c is needed at the start of its round, c·pp·fwd_mb_s / v,
+    and hides all but its first bucket behind its own first micro-batch (fwd_mb_s / v). The
+    queue's worst chunk is the first or the last (linear in c): chunk 0 behind one chunk
+    micro-batch, or all v chunks behind ((v - 1)·pp + 1)·fwd_mb_s / v."""
+    first = interference.overlapped_exposed_s(param_s / v, fwd_mb_s / v, k, bucket_s)
+    whole = interference.overlapped_exposed_s(param_s, ((v - 1) * pp + 1) * fwd_mb_s / v, k,
+                                              bucket_s)
+    return np.maximum(first, whole)
+
+
 def dp_exposed_s(zero_stage, grad_half_s, param_half_s, grad_bucket_s, param_bucket_s,
-                 fwd_mb_s, bwd_mb_s, overlap: tuple[str, ...], k=0.0):
+                 fwd_mb_s, bwd_mb_s, overlap: tuple[str, ...], k=0.0, pp=1, v=1):
     """(total, exposed) data-parallel seconds per step of Megatron's DDP (zero_stage 0:
     all-reduce = 2 passes) or distributed optimizer (1: reduce-scatter + all-gather).
 
@@ -133,15 +175,20 @@ def dp_exposed_s(zero_stage, grad_half_s, param_half_s, grad_bucket_s, param_buc
     micro-batch's backward, the last bucket exposed (`interference.overlapped_exposed_s`, SM
     share k). The distributed optimizer's parameter all-gather: without `param_gather` after
     the optimizer step, exposed; with it, in the next step's first forward, the first bucket
-    exposed."""
-    ddp = zero_stage == 0
+    exposed. With the interleaved schedule (v > 1) each chunk's collective is launched by the
+    schedule (`interleaved_grad_exposed_s`, `interleaved_param_exposed_s`)."""
+    ddp, chunked = zero_stage == 0, np.asarray(v) > 1
     grad_s = np.where(ddp, 2 * grad_half_s, grad_half_s)
     grad_floor = np.where(ddp, 2 * grad_bucket_s, grad_bucket_s)
-    grad_exposed = (interference.overlapped_exposed_s(grad_s, bwd_mb_s, k, grad_floor)
+    grad_exposed = (np.where(chunked, interleaved_grad_exposed_s(grad_s, bwd_mb_s, pp, v, k),
+                             interference.overlapped_exposed_s(grad_s, bwd_mb_s, k, grad_floor))
                     if "grad_reduce" in overlap else grad_s)
     param_s = np.where(ddp, 0.0, param_half_s)
-    param_exposed = (interference.overlapped_exposed_s(param_s, fwd_mb_s, k,
-                                                       np.where(ddp, 0.0, param_bucket_s))
+    param_bucket = np.where(ddp, 0.0, param_bucket_s)
+    param_exposed = (np.where(chunked, interleaved_param_exposed_s(param_s, fwd_mb_s, pp, v,
+                                                                   param_bucket, k),
+                              interference.overlapped_exposed_s(param_s, fwd_mb_s, k,
+                                                                param_bucket))
                      if "param_gather" in overlap else param_s)
     return grad_s + param_s, grad_exposed + param_exposed
 

@@ -567,6 +567,7 @@ def state_terms(r: Rates, cols: LayoutColumns, layers, stage_params, shard_param
                                             None if stage_rows is None else stage_rows[one],
                                             one.shape), dp_local[one], dp[one])[1]
         keys = (stage_keys.take(activity[1]) * 4 + zero,)
+    pp_v = [np.broadcast_to(cols[c], shape) for c in ("pp", "virtual_stages")]  # interleaving
     coll = on_distinct(lambda rows: collective_times(
         r, layers, stage_params, dp_local, dp, bucket, sizes, rows), *keys)
     layer_comm = (coll["layer_gather_s"], coll["layer_reduce_s"], coll["prefetch"])
@@ -578,7 +579,8 @@ def state_terms(r: Rates, cols: LayoutColumns, layers, stage_params, shard_param
                                    # named approximation: the parameter bucket's time scaled
                                    # from the gradient bucket's by bytes (latency too)
                                    coll["bucket_half_s"][rows] * param_b / grad_b,
-                                   fwd_mb_s[rows], bwd_mb_s[rows], megatron, r.interference)
+                                   fwd_mb_s[rows], bwd_mb_s[rows], megatron, r.interference,
+                                   pp_v[0][rows], pp_v[1][rows])
         return dp_comm_times_s(zero[rows], m[rows], coll["grad_half_s"][rows],
                                coll["param_half_s"][rows], coll["bucket_half_s"][rows],
                                fwd_mb_s[rows], bwd_mb_s[rows], r.interference)
