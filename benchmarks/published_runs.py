@@ -308,6 +308,8 @@ def data_row_error(run: PublicRun, level: float | None = None
     ceil(batch / (b·dp)) micro-batches and throughput is counted over that batch."""
     if run.category == "moe":
         return moe_row_error(run)
+    if run.not_modelled:
+        return None, None, f"not modelled: {run.not_modelled}"
     if run.model is None or run.global_batch is None or run.micro_batch is None:
         return None, None, "model dimensions or batch not transcribed"
     model, cluster, layout, setup, note = data_row_build(run, level)
@@ -341,6 +343,8 @@ def data_row_build(run: PublicRun, level: float | None = None
     setup = TrainSetup(seq_len=run.model.seq_len, global_batch=batch, train_tokens=300e9,
                        precision=get_precision(precision), optimizer=get_optimizer("adam"))
     cluster = cluster_for_gpus(run.gpu, run.num_gpus)
+    if run.inter_node_gb_per_s is not None:  # the network the source states
+        cluster = cluster.model_copy(update=dict(inter_node_gb_per_s=run.inter_node_gb_per_s))
     if level is not None:
         cluster = cluster.model_copy(update=dict(
             gpu=cluster.gpu.model_copy(update=dict(achieved_efficiency=level))))
@@ -436,11 +440,12 @@ rows) was committed (FOURTH SPLIT RULE); no structural change may follow."""
 
 SPLIT_LABELS = {"in_sample": "in_sample", "out_of_sample": "seen since s8",
                 "out_of_sample_2": "seen since s10", "out_of_sample_3": "seen since s11",
-                "out_of_sample_4": "out_of_sample_4"}
+                "out_of_sample_4": "seen since s11", "out_of_sample_6": "out_of_sample_6"}
 """How each split is reported: the session-8 out-of-sample rows have been seen since session 8
 and the session-10 ones since session 10 (errors looked at while building the model), so they
 are no longer clean held-out evidence; out_of_sample_3 was evaluated once by t10b (session 11)
-and is seen since; out_of_sample_4 is the held-out split."""
+and is seen since; out_of_sample_4 was evaluated once by f10c (session 11) and is seen since;
+out_of_sample_6 (the fms-fsdp table, session 12) is the held-out split."""
 
 
 def split_group_report(rows, split: str = "out_of_sample_4") -> list[str]:
