@@ -244,12 +244,14 @@ megatron-h100, other-gpu."""
 
 
 def data_zero_stage(run: PublicRun) -> int:
-    """The engine's ZeRO stage as the row's `engine` names it (FSDP full sharding = 3)."""
+    """The engine's ZeRO stage as the row's `engine` names it (FSDP full sharding = 3; an FSDP
+    that keeps parameters gathered from forward to backward, metaseq's
+    `--no-reshard-after-forward`, is named zero2: FSDP2's reshard_after_forward=False)."""
     engine = run.engine
-    if "zero3" in engine or "fsdp" in engine:
-        return 3
     if "zero2" in engine:
         return 2
+    if "zero3" in engine or "fsdp" in engine:
+        return 3
     return 1 if "zero1" in engine else 0
 
 
@@ -269,7 +271,7 @@ def data_dp_engine(run: PublicRun) -> str:
 def data_category(run: PublicRun) -> str:
     if run.category == "moe":
         return "moe"
-    if data_zero_stage(run) == 3:
+    if data_zero_stage(run) == 3 or "fsdp" in run.engine:
         return "zero3-fsdp"
     if run.gpu.startswith("a100"):
         return "megatron-a100"

@@ -356,3 +356,13 @@ def test_fms_hfu_over_mfu_matches_recompute():
             assert 1.25 <= ratio <= 1.42, r.name
         else:
             assert 1.0 < ratio < 4 / 3, r.name
+
+
+def test_opt_175b_layout_from_the_metaseq_launcher():
+    # metaseq launcher/opt_baselines.py (f7ffa5f): ddp_bsz = (batch_size // (gpus / mp)) // 2048
+    # with '175b' batch 2.0 M = 2,097,152 tokens, model_parallel 8, 992 GPUs: 992 / 8 = 124;
+    # 2,097,152 // 124 = 16,912; 16,912 // 2048 = 8 sequences per GPU; --update-freq 1.
+    r = RUNS["opt-175b"]
+    assert (r.tp, r.dp) == (8, 124) and (2_097_152 // 124) // 2048 == 8 == r.micro_batch
+    assert r.global_batch == 8 * 124 == 992  # 992 x 2048 = 2,031,616 tokens, "2M tokens"
+    assert "zero2" in r.engine  # --no-reshard-after-forward
