@@ -433,12 +433,14 @@ def evaluated_rows() -> list[tuple[str, str, str, float, float | None, float | N
 
 
 EVALUATED_SPLITS = ("in_sample", "out_of_sample", "out_of_sample_2", "out_of_sample_3",
-                    "out_of_sample_4")
+                    "out_of_sample_4", "out_of_sample_6")
 """Splits whose model errors are computed. out_of_sample_2 joined after session 10's
 structural work; out_of_sample_3 joined once, after session 11's (the Megatron overlaps) was
 committed (the YAML's THIRD SPLIT RULE); out_of_sample_4 (MosaicML llm-foundry FSDP tables)
 joined once, after session 11's sharded-DP work (FSDP2 copies, the FSDP schedule for FSDP1
-rows) was committed (FOURTH SPLIT RULE); no structural change may follow."""
+rows) was committed (FOURTH SPLIT RULE); out_of_sample_6 (the fms-fsdp table) joined once, after
+session 12's work (the loss kernels, one FSDP2 copy-bytes definition, the OPT-175B layout from
+metaseq's launcher) was committed (FIFTH SPLIT RULE); no structural change may follow."""
 
 SPLIT_LABELS = {"in_sample": "in_sample", "out_of_sample": "seen since s8",
                 "out_of_sample_2": "seen since s10", "out_of_sample_3": "seen since s11",
@@ -526,6 +528,9 @@ def main(argv: list[str] | None = None) -> None:
     print("\n".join(category_report(rows)))
     print("\nout_of_sample_4 (MosaicML llm-foundry MPT, Composer FSDP FULL_SHARD) by GPU and nodes")
     print("\n".join(split_group_report(rows)))
+    print("\nout_of_sample_6 (IBM / PyTorch fms-fsdp, FSDP1 FULL_SHARD; HSDP and every-k-th-block AC"
+          " rows not modelled) by GPU and nodes")
+    print("\n".join(split_group_report(rows, "out_of_sample_6")))
     if args.loo:
         print("\nleave-one-out: fit on one row, errors on the other nine")
         print(f"{'fit row':>9} {'efficiency':>10} {'mean |err|':>10} {'max |err|':>9}")
