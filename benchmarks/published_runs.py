@@ -8,8 +8,9 @@ Then every row of benchmarks/data/published_runs.yaml is evaluated with the ship
 mean / max |error| is printed per category (Megatron-style tp/pp on A100; ZeRO-3/FSDP; other
 GPUs) for the in-sample rows, the rows seen since session 8 (the first out-of-sample split),
 the rows seen since session 10 (out_of_sample_2) and the session-11 held-out rows
-(out_of_sample_3, seen since s11) and the held-out MosaicML FSDP rows (out_of_sample_4)
-SEPARATELY (`category_report`, `split_group_report`). Each split is
+(out_of_sample_3, seen since s11), the MosaicML FSDP rows (out_of_sample_4, seen since s11) and
+the held-out fms-fsdp FSDP rows (out_of_sample_6) SEPARATELY (`category_report`,
+`split_group_report`). Each split is
 the data file's, fixed before any error on it was computed; out-of-sample errors are reported,
 never fitted.
 
