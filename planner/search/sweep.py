@@ -550,20 +550,22 @@ def model_state_columns(cluster: Cluster, setup: TrainSetup, cands: LayoutColumn
         keys, inv = unique_ints(key)
     rep = _representatives(inv, len(keys))
     row = tp_pp_inv[rep]  # the (tp, pp) row of each combination
-    sub = cands.take(rep)
-    gpu, host = [], []
-    for kind in (0, 1, 2, 3):  # first, stage 2, the heaviest middle, last stage
-        P, routed = tables["params"][row, kind], tables["routed"][row, kind]
-        states = experts.ep_state_parts(P, routed, sub, setup.precision, setup.optimizer,
-                                        setup.host_accounting)
-        P = experts.params_per_gpu(P, routed, sub["ep"]) if "ep" in sub else P
-        buffers_parts = model_states.buffer_parts(
-            P, tables["largest"][row, kind], tables["persistent"][row, kind], sub,
-            setup.precision, buffers, tables["block"][row, kind], tables["layers"][row, kind])
-        gpu.append(model_states.parts_total(states.gpu, P)
-                   + model_states.parts_total(buffers_parts, P))
-        host.append((model_states.parts_total(states.cpu, P),
-                     model_states.parts_total(states.nvme, P)))
+    # the four stage kinds (first, stage 2, the heaviest middle, last stage) stacked kind by
+    # kind into one evaluation of 4 x combinations rows (every formula is row-wise)
+    sub = cands.take(np.tile(rep, 4))
+    P, routed, largest, persistent, block, layers = (
+        tables[name][row].T.ravel()
+        for name in ("params", "routed", "largest", "persistent", "block", "layers"))
+    states = experts.ep_state_parts(P, routed, sub, setup.precision, setup.optimizer,
+                                    setup.host_accounting)
+    P = experts.params_per_gpu(P, routed, sub["ep"]) if "ep" in sub else P
+    buffers_parts = model_states.buffer_parts(P, largest, persistent, sub, setup.precision,
+                                              buffers, block, layers)
+    gpu = (model_states.parts_total(states.gpu, P)
+           + model_states.parts_total(buffers_parts, P)).reshape(4, -1)
+    cpu, nvme = (model_states.parts_total(part, P).reshape(4, -1)
+                 for part in (states.cpu, states.nvme))
+    host = list(zip(cpu, nvme))  # (cpu, nvme) of each kind
     counts = node_counts(cluster, tp_pp[:, :2])[row]  # (combinations, node rows, 3 stage kinds)
     host = [host[0], tuple(np.maximum(a, b) for a, b in zip(host[1], host[2])), host[3]]
     node_cpu = np.max(sum(counts[:, :, k] * host[k][0][:, None] for k in range(3)), axis=1)
@@ -614,8 +616,9 @@ def evaluate(model: ModelSpec, cluster: Cluster, setup: TrainSetup, cands: dict[
     kept_f, kept_l, working = per_b * kept_f, per_b * kept_l, per_b * working
     mixed = len(params.block_kinds(model)) == 2
     middle = ((first_l > 0) | mixed) & (pp >= 3)  # a middle stage can then outgrow stage 1
-    kept_m, kept_h = (np.where(middle, per_b * kept_middle_bytes_b1(one, ch, stage_no[:, k]), 0)
-                      for ch, k in ((chunk_m, 1), (chunk_h, 2)))
+    kept_m, kept_h = piecewise(pp.shape, 2, [(middle, lambda at: [  # 0 where no middle can peak
+        per_b[at] * kept_middle_bytes_b1(one.take(at), ch[at], stage_no[at, k])
+        for ch, k in ((chunk_m, 1), (chunk_h, 2))])])
     if setup.implementation != "megatron":  # not linear in b: exact per (recompute, b)
         kept_f, working = hf_activation_column(model, setup, rec, b)
         kept_l = kept_f
