@@ -570,7 +570,7 @@ def model_state_columns(cluster: Cluster, setup: TrainSetup, cands: LayoutColumn
     host = [host[0], tuple(np.maximum(a, b) for a, b in zip(host[1], host[2])), host[3]]
     node_cpu = np.max(sum(counts[:, :, k] * host[k][0][:, None] for k in range(3)), axis=1)
     node_nvme = np.max(sum(counts[:, :, k] * host[k][1][:, None] for k in range(3)), axis=1)
-    return gpu[0][inv], gpu[3][inv], node_cpu[inv], node_nvme[inv], gpu[1][inv], gpu[2][inv]
+    return tuple(x.take(inv) for x in (gpu[0], gpu[3], node_cpu, node_nvme, gpu[1], gpu[2]))
 
 
 STAGE_FIELDS = ("params", "routed", "largest", "persistent", "max_layers", "max_params", "block",
@@ -626,17 +626,17 @@ def evaluate(model: ModelSpec, cluster: Cluster, setup: TrainSetup, cands: dict[
         x.take(group) for x in (kept_f, kept_l, kept_m, kept_h, working, middle))
     states_first, states_last, node_cpu, node_nvme, states_mid, states_heavy = model_state_columns(
         cluster, setup, cands, keys, inv, tables, c.buffers, (rows, group))
-    stage_params = tables["params"][inv]
     pp = cands["pp"]
 
     def stage_bytes(states, kept, kind, last):  # states + activations + the step's transients
         return states + kept + working + plan.stage_transient_column(
-            model, setup, cands, stage_params[:, kind], kept, working, last)
+            model, setup, cands, tables["params"][:, kind].take(inv), kept, working, last)
 
     def middle_bytes(at):  # the two middle kinds, on the candidates `at` whose middle can peak
         sub = cands.take(at)
         return [states[at] + kept[at] + working[at] + plan.stage_transient_column(
-                    model, setup, sub, stage_params[at, kind], kept[at], working[at], False)
+                    model, setup, sub, tables["params"][:, kind].take(inv[at]), kept[at],
+                    working[at], False)
                 for states, kept, kind in ((states_mid, kept_m, 1), (states_heavy, kept_h, 2))]
 
     gpu_first = stage_bytes(states_first, kept_f, 0, pp == 1)
