@@ -330,14 +330,14 @@ def stage_table(model: ModelSpec, tp: int, pp: int,
     largest = {i: params.largest_param_numel(model, tp, i, pp) for i in set(kinds)}
     persistent = {i: model_states.stage_persistent_numel(model, tp, i, counts[i][0], pp, threshold)
                   for i in set(kinds)}
-    per_gpu = [experts.params_per_gpu(total, x, ep)  # once per distinct stage make-up
-               for total, x in set(zip((sum(c[1:]) for c in counts), routed))]
+    distinct = set(zip(counts, routed))  # each stage make-up once (a few of up to pp stages)
+    per_gpu = [experts.params_per_gpu(sum(c[1:]), x, ep) for c, x in distinct]
     return {
         "params": tuple(sum(counts[i][1:]) for i in kinds),  # layers + embedding + head
         "routed": tuple(routed[i] for i in kinds),
         "largest": tuple(largest[i] for i in kinds),
         "persistent": tuple(persistent[i] for i in kinds),
-        "max_layers": (max(c[0] for c in counts),) * 4,
+        "max_layers": (max(c[0] for c, _ in distinct),) * 4,
         "max_params": (max(per_gpu),) * 4,
         "block": (model_states.block_numel(model, tp),) * 4,
         "layers": tuple(counts[i][0] for i in kinds),
