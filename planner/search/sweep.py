@@ -652,8 +652,10 @@ def evaluate(model: ModelSpec, cluster: Cluster, setup: TrainSetup, cands: dict[
     peak_stage = kind_stage[group, peak_kind]  # the stage number of each candidate's peak kind
     out = dict(gpu_peak_bytes=gpu_peak, peak_stage=peak_stage,
                headroom_bytes=capacity - gpu_peak, node_cpu_bytes=node_cpu, node_nvme_bytes=node_nvme)
-    out |= steptime.step_columns(model, cluster, setup, cands, tables["max_layers"][inv, 0],
-                                 tables["max_params"][inv, 0], flash_attention=c.flash_attention,
+    out |= steptime.step_columns(model, cluster, setup, cands,
+                                 tables["max_layers"][:, 0].take(inv),
+                                 tables["max_params"][:, 0].take(inv),
+                                 flash_attention=c.flash_attention,
                                  buffers=c.buffers, efficiency=efficiency, stage_rows=inv,
                                  activity=(rows, group), megatron_overlap=c.megatron_overlap)
     return out
