@@ -489,10 +489,12 @@ def kept_activation_bytes_b1(cands: dict[str, np.ndarray], chunk, first, last, c
         cap = (2 * (p_i - 1) + (v_i - 1) * p_i + 2 * p_i * v_i) // v_i + 2
         keys, inv = _group(p_i, v_i, np.minimum(m[inter], cap))  # one replay per (p, v, m)
         p, v, m_eff = keys.T
-        sides = ((f, chunk[inter], first[inter], 0, 0),  # rank, its chunk with extras:
-                 (lst, chunk_last[inter], last[inter], p - 1, v - 1))  # embedding 0, head v - 1
-        for out, c, extra, rank, weighted in sides:
-            fronts = interleaved_fronts(p, rank, v, m_eff, weighted)  # (replays, 2 pairs, 2)
+        zero = np.zeros_like(p)  # rank, its chunk with extras: embedding 0, head v - 1
+        both = interleaved_fronts(*(np.concatenate(x) for x in (  # both sides' replays at once
+            (p, p), (zero, p - 1), (v, v), (m_eff, m_eff), (zero, v - 1))))
+        sides = ((f, chunk[inter], first[inter], both[:len(p)]),
+                 (lst, chunk_last[inter], last[inter], both[len(p):]))
+        for out, c, extra, fronts in sides:  # fronts: (replays, 2 pairs, 2)
             out[inter] = np.maximum(c * fronts[inv, 0, 0] + extra * fronts[inv, 0, 1],
                                     c * fronts[inv, 1, 0] + extra * fronts[inv, 1, 1])
     return f, lst
