@@ -618,9 +618,13 @@ def evaluate(model: ModelSpec, cluster: Cluster, setup: TrainSetup, cands: dict[
     kept_f, kept_l, working = per_b * kept_f, per_b * kept_l, per_b * working
     mixed = len(params.block_kinds(model)) == 2
     middle = ((first_l > 0) | mixed) & (pp >= 3)  # a middle stage can then outgrow stage 1
-    kept_m, kept_h = piecewise(pp.shape, 2, [(middle, lambda at: [  # 0 where no middle can peak
-        per_b[at] * kept_middle_bytes_b1(one.take(at), ch[at], stage_no[at, k])
-        for ch, k in ((chunk_m, 1), (chunk_h, 2))])])
+    def kept_middle(at):  # both middle kinds of the groups `at`, stacked into one call
+        both = kept_middle_bytes_b1(one.take(np.concatenate((at, at))),
+                                    np.concatenate((chunk_m[at], chunk_h[at])),
+                                    np.concatenate((stage_no[at, 1], stage_no[at, 2])))
+        return per_b[at] * both[:len(at)], per_b[at] * both[len(at):]
+
+    kept_m, kept_h = piecewise(pp.shape, 2, [(middle, kept_middle)])  # 0 where no middle peaks
     if setup.implementation != "megatron":  # not linear in b: exact per (recompute, b)
         kept_f, working = hf_activation_column(model, setup, rec, b)
         kept_l = kept_f
