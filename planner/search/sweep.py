@@ -638,12 +638,13 @@ def evaluate(model: ModelSpec, cluster: Cluster, setup: TrainSetup, cands: dict[
         return states + kept + working + plan.stage_transient_column(
             model, setup, cands, tables["params"][:, kind].take(inv), kept, working, last)
 
-    def middle_bytes(at):  # the two middle kinds, on the candidates `at` whose middle can peak
-        sub = cands.take(at)
-        return [states[at] + kept[at] + working[at] + plan.stage_transient_column(
-                    model, setup, sub, tables["params"][:, kind].take(inv[at]), kept[at],
-                    working[at], False)
-                for states, kept, kind in ((states_mid, kept_m, 1), (states_heavy, kept_h, 2))]
+    def middle_bytes(at):  # the two middle kinds of the candidates `at` whose middle can peak,
+        two = np.concatenate((at, at))  # stacked into one evaluation
+        kept, work = np.concatenate((kept_m[at], kept_h[at])), working.take(two)
+        params_mid = np.concatenate([tables["params"][:, kind].take(inv[at]) for kind in (1, 2)])
+        both = np.concatenate((states_mid[at], states_heavy[at])) + kept + work + \
+            plan.stage_transient_column(model, setup, cands.take(two), params_mid, kept, work, False)
+        return both[:len(at)], both[len(at):]
 
     gpu_first = stage_bytes(states_first, kept_f, 0, pp == 1)
     gpu_mid, gpu_heavy = piecewise(pp.shape, 2, [(middle, middle_bytes)])  # 0 elsewhere
