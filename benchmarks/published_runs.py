@@ -8,9 +8,9 @@ Then every row of benchmarks/data/published_runs.yaml is evaluated with the ship
 mean / max |error| is printed per category (Megatron-style tp/pp on A100; ZeRO-3/FSDP; other
 GPUs) for the in-sample rows, the rows seen since session 8 (the first out-of-sample split),
 the rows seen since session 10 (out_of_sample_2), the session-11 rows (out_of_sample_3 and the
-MosaicML FSDP rows out_of_sample_4, both seen since s11) and the session-12 held-out NeMo H100
-rows (out_of_sample_5) SEPARATELY (`category_report`, `split_group_report`,
-`split_family_report`). Each split is
+MosaicML FSDP rows out_of_sample_4, both seen since s11), and the session-12 held-out splits:
+the NeMo H100 rows (out_of_sample_5) and the fms-fsdp FSDP rows (out_of_sample_6), SEPARATELY
+(`category_report`, `split_group_report`, `split_family_report`). Each split is
 the data file's, fixed before any error on it was computed; out-of-sample errors are reported,
 never fitted.
 
@@ -245,12 +245,14 @@ megatron-h100, other-gpu."""
 
 
 def data_zero_stage(run: PublicRun) -> int:
-    """The engine's ZeRO stage as the row's `engine` names it (FSDP full sharding = 3)."""
+    """The engine's ZeRO stage as the row's `engine` names it (FSDP full sharding = 3; an FSDP
+    that keeps parameters gathered from forward to backward, metaseq's
+    `--no-reshard-after-forward`, is named zero2: FSDP2's reshard_after_forward=False)."""
     engine = run.engine
-    if "zero3" in engine or "fsdp" in engine:
-        return 3
     if "zero2" in engine:
         return 2
+    if "zero3" in engine or "fsdp" in engine:
+        return 3
     return 1 if "zero1" in engine else 0
 
 
@@ -270,7 +272,7 @@ def data_dp_engine(run: PublicRun) -> str:
 def data_category(run: PublicRun) -> str:
     if run.category == "moe":
         return "moe"
-    if data_zero_stage(run) == 3:
+    if data_zero_stage(run) == 3 or "fsdp" in run.engine:
         return "zero3-fsdp"
     if run.gpu.startswith("a100"):
         return "megatron-a100"
@@ -311,6 +313,8 @@ def data_row_error(run: PublicRun, level: float | None = None
     ceil(batch / (b·dp)) micro-batches and throughput is counted over that batch."""
     if run.category == "moe":
         return moe_row_error(run)
+    if run.not_modelled:
+        return None, None, f"not modelled: {run.not_modelled}"
     if run.model is None or run.global_batch is None or run.micro_batch is None:
         return None, None, "model dimensions or batch not transcribed"
     model, cluster, layout, setup, note = data_row_build(run, level)
@@ -345,6 +349,8 @@ def data_row_build(run: PublicRun, level: float | None = None
     setup = TrainSetup(seq_len=run.model.seq_len, global_batch=batch, train_tokens=300e9,
                        precision=get_precision(precision), optimizer=get_optimizer("adam"))
     cluster = cluster_for_gpus(run.gpu, run.num_gpus)
+    if run.inter_node_gb_per_s is not None:  # the network the source states
+        cluster = cluster.model_copy(update=dict(inter_node_gb_per_s=run.inter_node_gb_per_s))
     if level is not None:
         cluster = cluster.model_copy(update=dict(
             gpu=cluster.gpu.model_copy(update=dict(achieved_efficiency=level))))
@@ -431,21 +437,26 @@ def evaluated_rows() -> list[tuple[str, str, str, float, float | None, float | N
 
 
 EVALUATED_SPLITS = ("in_sample", "out_of_sample", "out_of_sample_2", "out_of_sample_3",
-                    "out_of_sample_4", "out_of_sample_5")
+                    "out_of_sample_4", "out_of_sample_5", "out_of_sample_6")
 """Splits whose model errors are computed. out_of_sample_2 joined after session 10's
 structural work; out_of_sample_3 joined once, after session 11's (the Megatron overlaps) was
 committed (the YAML's THIRD SPLIT RULE); out_of_sample_4 (MosaicML llm-foundry FSDP tables)
 joined once, after session 11's sharded-DP work (FSDP2 copies, the FSDP schedule for FSDP1
-rows) was committed (FOURTH SPLIT RULE); no structural change may follow."""
+rows) was committed (FOURTH SPLIT RULE); out_of_sample_5 (NVIDIA dgxc-benchmarking v25.01) joined once,
+after session 12's interleaved data-parallel overlap was committed (FIFTH SPLIT RULE);
+out_of_sample_6 (the fms-fsdp table) joined once, after
+session 12's work (the loss kernels, one FSDP2 copy-bytes definition, the OPT-175B layout from
+metaseq's launcher) was committed (SIXTH SPLIT RULE); no structural change may follow."""
 
 SPLIT_LABELS = {"in_sample": "in_sample", "out_of_sample": "seen since s8",
                 "out_of_sample_2": "seen since s10", "out_of_sample_3": "seen since s11",
-                "out_of_sample_4": "seen since s11", "out_of_sample_5": "out_of_sample_5"}
+                "out_of_sample_4": "seen since s11", "out_of_sample_5": "out_of_sample_5",
+                "out_of_sample_6": "out_of_sample_6"}
 """How each split is reported: the session-8 out-of-sample rows have been seen since session 8
 and the session-10 ones since session 10 (errors looked at while building the model), so they
 are no longer clean held-out evidence; out_of_sample_3 (t10b) and out_of_sample_4 (f10c) were
-each evaluated once in session 11 and are seen since; out_of_sample_5 (session 12, NVIDIA
-dgxc-benchmarking) is the held-out split."""
+each evaluated once in session 11 and are seen since; out_of_sample_5 (NVIDIA dgxc-benchmarking)
+and out_of_sample_6 (the fms-fsdp table) are session 12's held-out splits."""
 
 
 def split_group_report(rows, split: str = "out_of_sample_4") -> list[str]:
@@ -542,6 +553,9 @@ def main(argv: list[str] | None = None) -> None:
     print("\n".join(split_group_report(rows)))
     print("\nout_of_sample_5 (NVIDIA dgxc-benchmarking v25.01, NeMo BF16 on H100) by model")
     print("\n".join(split_family_report(rows)))
+    print("\nout_of_sample_6 (IBM / PyTorch fms-fsdp, FSDP1 FULL_SHARD; HSDP and every-k-th-block AC"
+          " rows not modelled) by GPU and nodes")
+    print("\n".join(split_group_report(rows, "out_of_sample_6")))
     if args.loo:
         print("\nleave-one-out: fit on one row, errors on the other nine")
         print(f"{'fit row':>9} {'efficiency':>10} {'mean |err|':>10} {'max |err|':>9}")

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Literal
 
 import yaml
-from pydantic import model_validator
+from pydantic import Field, model_validator
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -47,14 +47,15 @@ class PublicRun(Frozen):
 
     name: str
     split: Literal["in_sample", "out_of_sample", "out_of_sample_2", "out_of_sample_3",
-                   "out_of_sample_4", "out_of_sample_5",
+                   "out_of_sample_4", "out_of_sample_5", "out_of_sample_6",
                    "out_of_sample_7"]
     """out_of_sample_2: sources added in session 10 (the YAML's NEW SPLIT RULE);
     out_of_sample_3: session 11 (THIRD SPLIT RULE); out_of_sample_4: session 11, the MosaicML
     llm-foundry FSDP tables (FOURTH SPLIT RULE); out_of_sample_5: session 12, NVIDIA
-    dgxc-benchmarking v25.01 BF16 H100 tables (FIFTH SPLIT RULE); out_of_sample_7: session 12,
-    the later dgxc-benchmarking releases' BF16 GB200 and current-software H100 tables (SEVENTH
-    SPLIT RULE)."""
+    dgxc-benchmarking v25.01 BF16 H100 tables (FIFTH SPLIT RULE); out_of_sample_6: session 12,
+    the fms-fsdp FSDP table (SIXTH SPLIT RULE, above its block at the end of the runs list);
+    out_of_sample_7: session 12, the later dgxc-benchmarking releases' BF16 GB200 and
+    current-software H100 tables (SEVENTH SPLIT RULE, above its block at the end)."""
     category: Literal["dense", "moe"] = "dense"
     """`moe`: a mixture-of-experts run (an evaluator without expert parallelism skips it)."""
     paper: str
@@ -108,6 +109,12 @@ class PublicRun(Frozen):
     cross_check: dict[str, float] | None = None
     """Other columns of the source's row (grad_accum, samples_per_s, tokens_per_s, ...), kept
     only so tests can check the transcription's internal consistency."""
+    inter_node_gb_per_s: float | None = Field(default=None, gt=0)
+    """The node's inter-node network bandwidth the source states (GB/s per node per direction);
+    None: the shipped cluster profile's."""
+    not_modelled: str | None = None
+    """Why the planner cannot rebuild this row (fixed with the row, before any error): the row is
+    listed but never evaluated."""
     counting: str
     assumed: tuple[str, ...]
     """Fields not stated in the cited source."""
@@ -137,7 +144,8 @@ def by_split(runs: tuple[PublicRun, ...], split: str) -> tuple[PublicRun, ...]:
 def main() -> None:
     runs = load_runs()
     for split in ("in_sample", "out_of_sample", "out_of_sample_2", "out_of_sample_3",
-                  "out_of_sample_4", "out_of_sample_5", "out_of_sample_7"):
+                  "out_of_sample_4", "out_of_sample_5", "out_of_sample_6",
+                  "out_of_sample_7"):
         print(f"{split}:")
         for r in by_split(runs, split):
             metric = (f"{r.tflops_per_gpu:>6.1f} TFLOP/s/GPU" if r.tflops_per_gpu is not None

@@ -50,3 +50,28 @@ def test_arrays_broadcast():
     np.testing.assert_allclose(c.reduce_copy_in_bytes, [4e6, 8e6])
     np.testing.assert_allclose(fsdp2_copy_s(c, np.array([1, 2]), 1, 1e12),
                                [(8e6 + 4e6) / 1e12, (2 * 16e6 + 8e6) / 1e12])
+
+
+def test_one_exact_definition_with_padding_by_hand():
+    # fsdp2_group_copy_bytes (planner/timing/sharded_dp.py) is the one definition: the step
+    # model's fsdp2_copy_bytes and planner.calibrate.fsdp2_overhead.group_copy_bytes read it.
+    # A unit of 10 elements as one tensor on 4 ranks, bf16 params and grads, fp32 reduce:
+    # shard S = ceil(10 / 4) = 3 rows; copy-out 2 x 4 x 3 x 2 = 48 B per gather (40 unpadded);
+    # reduce copy-in 10 x 2 (unpadded grads read) + 4 x 3 x 4 (padded fp32 input) = 68 B.
+    c = fsdp2_copy_bytes(10, 2, 2, 4, reshard_after_forward=True, world=4)
+    assert c.gather_copy_out_bytes == 2 * 48
+    assert c.reduce_copy_in_bytes == 68
+    from planner.calibrate.fsdp2_overhead import group_copy_bytes
+    from planner.timing.sharded_dp import fsdp2_group_copy_bytes
+
+    g = fsdp2_group_copy_bytes([(10,)], 4, orig_bytes=2, reduce_bytes=4)
+    assert g.all_gather_copy_out_bytes == 48 and g.reduce_scatter_copy_in_bytes == 68
+    assert g.all_gather_copy_in_bytes == 2 * 3 * 2  # the shard read + written (copy-in stream)
+    assert g.grad_cast_bytes == 3 * (4 + 2)  # fp32 output shard cast back to bf16
+    assert group_copy_bytes([(10,)], 4, orig_bytes=2, reduce_bytes=4).all_gather_copy_out == 48
+
+
+def test_padding_broadcasts_over_world_arrays():
+    # 10 elements on 1, 3 and 5 ranks: S = 10, 4, 2 -> n·S = 10, 12, 10; fp32 copy-out 2·n·S·4.
+    c = fsdp2_copy_bytes(10, 4, 4, 4, reshard_after_forward=False, world=np.array([1, 3, 5]))
+    np.testing.assert_array_equal(c.gather_copy_out_bytes, [80, 96, 80])

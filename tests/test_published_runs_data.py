@@ -32,6 +32,7 @@ SESSION_10_SOURCES = ("NVIDIA Megatron-LM README", "PyTorch torchtitan")
 SESSION_11_SOURCES = ("NVIDIA NeMo-Framework-Launcher README",)
 MOSAIC = "MosaicML llm-foundry"
 DGXC = "NVIDIA dgxc-benchmarking"
+FMS = "IBM / PyTorch fms-fsdp"
 
 
 def test_split_is_by_paper():
@@ -45,6 +46,7 @@ def test_split_is_by_paper():
                     "out_of_sample_4" if r.paper.startswith(MOSAIC) else
                     "out_of_sample_7" if r.paper.startswith(DGXC) and "v25.01" not in r.paper
                     else "out_of_sample_5" if r.paper.startswith(DGXC) else
+                    "out_of_sample_6" if r.paper.startswith(FMS) else
                     "out_of_sample")
         assert r.split == expected, r.name
 
@@ -381,6 +383,96 @@ def test_dgxc_nemotron_mlp_is_four_h_non_gated():
         if "nemotron" in r.name:
             assert r.model.ffn_hidden_size == 4 * r.model.hidden_size and r.model.mlp == "gelu"
             assert r.model.tied_embeddings is False
+
+
+# ---------------------------------------------------------------- out_of_sample_6 (fms-fsdp)
+# foundation-model-stack/fms-fsdp README at 4ffb9bd: 4 Llama 2 sizes on 128 A100 80GB (400 Gb/s)
+# and 96 H100 80GB (800 Gb/s), batch size 2 per GPU, seq 4096, vocabulary 32,000, untied.
+FMS_ROWS = [r for r in RUNS.values() if r.split == "out_of_sample_6"]
+FMS_PEAK_FLOPS = {"a100-80gb": 312e12, "h100-sxm": 989e12}  # the README's '312 vs 989TFLOPS'
+
+
+def llama2_params(layers: int, d: int, kv_heads: int, heads: int, ffn: int, vocab: int) -> int:
+    """Llama 2 (fms LLaMA: no biases, RMSNorm scales only, untied head): per block q, o d^2
+    each; k, v d x (kv_heads x d/heads) each; gate, up, down 3 x d x ffn; two norms 2d;
+    final norm d; embedding and head 2 x V x d."""
+    kv = kv_heads * (d // heads)
+    return layers * (2 * d * d + 2 * d * kv + 3 * d * ffn + 2 * d) + d + 2 * vocab * d
+
+
+def test_fms_rows_selection():
+    # SIXTH SPLIT RULE: every row of the table, 4 sizes x 2 GPU types = 8 rows; the 7B rows
+    # (HSDP) and the 13B rows (every-k-th-block AC) marked not_modelled before any error.
+    assert len(FMS_ROWS) == 8
+    assert {r.gpu: r.num_gpus for r in FMS_ROWS} == {"a100-80gb": 128, "h100-sxm": 96}
+    not_modelled = sorted(r.name for r in FMS_ROWS if r.not_modelled)
+    assert not_modelled == sorted(["fms-llama2-7b-a100-128gpu", "fms-llama2-7b-h100-96gpu",
+                                   "fms-llama2-13b-a100-128gpu", "fms-llama2-13b-h100-96gpu"])
+    for r in FMS_ROWS:
+        assert r.tp == r.pp == 1 and r.dp == r.num_gpus and r.micro_batch == 2, r.name
+        assert r.global_batch == 2 * r.num_gpus, r.name  # batch size 2 per GPU, no accumulation
+        assert r.model.seq_len == 4096 and r.model.vocab_size == 32_000, r.name
+        # 400 Gb/s / 8 = 50 GB/s (A100 cluster); 800 Gb/s / 8 = 100 GB/s (H100 cluster)
+        assert r.inter_node_gb_per_s == {"a100-80gb": 50, "h100-sxm": 100}[r.gpu], r.name
+
+
+def test_llama2_params_by_hand():
+    # 7B: 32 x (2 x 4096^2 + 2 x 4096 x 4096 + 3 x 4096 x 11008 + 8192) = 32 x 202,383,360
+    # = 6,476,267,520; + 4096 + 2 x 32,000 x 4096 = 262,144,000 -> 6,738,415,616.
+    assert llama2_params(32, 4096, 32, 32, 11008, 32000) == 6_738_415_616
+    # 70B: kv 8 x 128 = 1024; per block 2 x 8192^2 + 2 x 8192 x 1024 + 3 x 8192 x 28672 + 16384
+    # = 134,217,728 + 16,777,216 + 704,643,072 + 16,384 = 855,654,400; x 80 = 68,452,352,000;
+    # + 8192 + 2 x 32,000 x 8192 = 524,288,000 -> 68,976,648,192.
+    assert llama2_params(80, 8192, 8, 64, 28672, 32000) == 68_976_648_192
+
+
+def test_fms_zplan_param_count_matches_hand_formula():
+    from benchmarks.published_runs import _data_model
+    from planner.core.params import count_params
+
+    for r in FMS_ROWS:
+        m = r.model
+        assert count_params(_data_model(r)).total == llama2_params(
+            m.num_layers, m.hidden_size, m.num_kv_heads, m.num_heads, m.ffn_hidden_size,
+            m.vocab_size), r.name
+
+
+def test_fms_mfu_from_throughput():
+    # MFU = (6N + 12 L d s) x tokens/s/GPU / peak (nanoGPT / PaLM, the README's method).
+    # 7B A100: 6 x 6,738,415,616 = 40,430,493,696; 12 x 32 x 4096 x 4096 = 6,442,450,944;
+    # 46,872,944,640 x 3700 = 1.7343e14 / 312e12 = 0.556 (README 0.57). The table's figures are
+    # rounded (throughput to 2-3 digits, MFU to 2): agreement within 10 % is what they allow
+    # (largest: 34B H100, 0.348 vs 0.32).
+    for r in FMS_ROWS:
+        m = r.model
+        n = llama2_params(m.num_layers, m.hidden_size, m.num_kv_heads, m.num_heads,
+                          m.ffn_hidden_size, m.vocab_size)
+        per_token = 6 * n + 12 * m.num_layers * m.hidden_size * m.seq_len
+        mfu = per_token * r.tokens_per_s_per_gpu / FMS_PEAK_FLOPS[r.gpu]
+        assert mfu == pytest.approx(r.cross_check["mfu"], rel=0.10), r.name
+
+
+def test_fms_hfu_over_mfu_matches_recompute():
+    # HFU counts the recompute forward: none -> HFU = MFU; full AC -> about 1 + 2/6 = 4/3 (the
+    # blocks' forward again; embedding and head not recomputed); every-k-th-block AC in between.
+    for r in FMS_ROWS:
+        ratio = r.cross_check["hfu"] / r.cross_check["mfu"]
+        if r.recompute == "none":
+            assert ratio == 1.0, r.name
+        elif r.recompute == "full":
+            assert 1.25 <= ratio <= 1.42, r.name
+        else:
+            assert 1.0 < ratio < 4 / 3, r.name
+
+
+def test_opt_175b_layout_from_the_metaseq_launcher():
+    # metaseq launcher/opt_baselines.py (f7ffa5f): ddp_bsz = (batch_size // (gpus / mp)) // 2048
+    # with '175b' batch 2.0 M = 2,097,152 tokens, model_parallel 8, 992 GPUs: 992 / 8 = 124;
+    # 2,097,152 // 124 = 16,912; 16,912 // 2048 = 8 sequences per GPU; --update-freq 1.
+    r = RUNS["opt-175b"]
+    assert (r.tp, r.dp) == (8, 124) and (2_097_152 // 124) // 2048 == 8 == r.micro_batch
+    assert r.global_batch == 8 * 124 == 992  # 992 x 2048 = 2,031,616 tokens, "2M tokens"
+    assert "zero2" in r.engine  # --no-reshard-after-forward
 
 
 # ------------------------------------- out_of_sample_7 (later dgxc-benchmarking: GB200, new H100)

@@ -31,8 +31,13 @@ LN_BDA = 16 * 4 * 64 * (2 * 2 * 2 + 2 * (3 * 2 + 1))  # 90,112 (replicated over 
 GELU = 16 * 4 * 256 * 2 * 2  # 65,536 (split by tp)
 SCORES = 4 * 4 * 16 * 16 * (4 * 2 + 1)  # 36,864 (split by tp)
 assert LN_BDA + GELU + SCORES == 192_512
-# forward 1 + backward 2 passes, 2 layers, at the GPU's 1000 GB/s
-MEMORY_S = 3 * 2 * (LN_BDA + GELU + SCORES) / 1000e9
+# The loss over the logits (planner/timing/logits.py): T = 64 tokens x V = 100 logits, fp16
+# logits cast to fp32 and back (2 x (2 + 4)), log_softmax (4 + 4), nll_loss backward (4),
+# log_softmax backward (3 x 4): 36 B each -> 6,400 x 36 = 230,400 B per micro-batch
+LOSS = 4 * 16 * 100 * 36
+assert LOSS == 230_400
+# forward 1 + backward 2 passes, 2 layers, plus the loss, at the GPU's 1000 GB/s
+MEMORY_S = (3 * 2 * (LN_BDA + GELU + SCORES) + LOSS) / 1000e9
 # GPU Adam step (zero-fp16, K = 12): read + write K, read the fp16 gradient, write the fp16 param
 ADAM_BYTES_PER_PARAM = 2 * 12 + 2 + 2
 
@@ -62,7 +67,7 @@ def test_one_gpu_is_pure_compute_and_mfu_equals_efficiency():
     from planner.core.params import count_params
 
     opt = adam_s(count_params(MODEL).total)
-    assert est.memory_bound_s == pytest.approx(MEMORY_S, rel=1e-12)  # 1.155072e-6 s
+    assert est.memory_bound_s == pytest.approx(MEMORY_S, rel=1e-12)  # 1.385472e-6 s
     assert est.gpu_optimizer_s == pytest.approx(opt, rel=1e-12)
     assert est.step_s == pytest.approx(est.compute_s + MEMORY_S + opt, rel=1e-12)
     assert est.tokens_per_s == pytest.approx(4 * 16 / est.step_s, rel=1e-12)
@@ -84,7 +89,7 @@ def test_tensor_parallel_adds_four_all_reduces_per_layer():
     assert est.tp_comm_s == pytest.approx(8 * 8192 / 100e9, rel=1e-12)
     assert est.compute_s == pytest.approx(MODEL_FLOPS / 2 / 0.5e12, rel=1e-12)
     # norms and residual adds stay whole on each tp rank; GeLU and scores are halved
-    memory = 3 * 2 * (LN_BDA + GELU / 2 + SCORES / 2) / 1000e9
+    memory = (3 * 2 * (LN_BDA + GELU / 2 + SCORES / 2) + LOSS / 2) / 1000e9  # V split by tp
     assert est.memory_bound_s == pytest.approx(memory, rel=1e-12)
     from planner.core.params import stage_params
 
@@ -101,7 +106,9 @@ def test_pipeline_bubble_and_sends():
     ideal = MODEL_FLOPS / 2 / 0.5e12
     assert est.compute_s == pytest.approx(ideal, rel=1e-12)
     # memory-bound: 1 layer per stage, 4 micro-batches of b=1 (a quarter of the b=4 bytes), 3 passes
-    memory = 4 * 3 * (LN_BDA + GELU + SCORES) / 4 / 1000e9
+    # the loss: 4 micro-batches of b=1 (a quarter of LOSS each), spread over the 2 stages as
+    # the logits FLOPs are: 4 x LOSS / 4 / 2
+    memory = (4 * 3 * (LN_BDA + GELU + SCORES) / 4 + LOSS / 2) / 1000e9
     assert est.memory_bound_s == pytest.approx(memory, rel=1e-12)
     assert est.bubble_s == pytest.approx((ideal + memory) / 4, rel=1e-12)
     assert est.pp_comm_s == pytest.approx(2 * 4 * (1e-6 + 2048 / 100e9), rel=1e-12)

@@ -26,11 +26,11 @@ Hooks (`_fsdp_param_group.FSDPParamGroup`): `pre_forward`, `post_forward`, `pre_
 
 from __future__ import annotations
 
-import math
 import statistics
 from collections.abc import Sequence
 
 from planner.core.spec import Frozen
+from planner.timing.sharded_dp import fsdp2_group_copy_bytes, padded_shard_elements  # noqa: F401 (re-exported)
 
 HOOKS_PER_GROUP = 4
 """pre_forward, post_forward, pre_backward, post_backward (_fsdp_param_group.py, torch 2.13.0)."""
@@ -48,26 +48,13 @@ class CopyBytes(Frozen):
     """The reduce-scatter output cast back to the parameters' dtype (0 when they match)."""
 
 
-def padded_shard_elements(shape: Sequence[int], world: int) -> int:
-    """Elements of one rank's shard: ceil(dim0 / n) rows of the other dimensions."""
-    rows = math.ceil(shape[0] / world) if shape else 1
-    return rows * math.prod(shape[1:])
-
-
 def group_copy_bytes(shapes: Sequence[Sequence[int]], world: int, orig_bytes: int = 4,
                      param_bytes: int | None = None, reduce_bytes: int | None = None) -> CopyBytes:
     """The copies of one group of parameters of `shapes` on `world` ranks (element sizes in bytes:
-    the parameters', the mixed-precision param dtype's and reduce dtype's; None = the parameters')."""
-    param_bytes = param_bytes or orig_bytes
-    reduce_bytes = reduce_bytes or param_bytes
-    shard = sum(padded_shard_elements(s, world) for s in shapes)
-    unsharded = sum(math.prod(s) for s in shapes)
-    return CopyBytes(
-        param_cast=shard * (orig_bytes + param_bytes) if param_bytes != orig_bytes else 0,
-        all_gather_copy_in=2 * shard * param_bytes,
-        all_gather_copy_out=2 * world * shard * param_bytes,
-        reduce_scatter_copy_in=unsharded * param_bytes + world * shard * reduce_bytes,
-        grad_cast=shard * (reduce_bytes + orig_bytes) if reduce_bytes != orig_bytes else 0)
+    the parameters', the mixed-precision param dtype's and reduce dtype's; None = the parameters');
+    the one definition is planner/timing/sharded_dp.fsdp2_group_copy_bytes."""
+    c = fsdp2_group_copy_bytes(shapes, world, orig_bytes, param_bytes, reduce_bytes)
+    return CopyBytes(**{k.removesuffix("_bytes"): v for k, v in c._asdict().items()})
 
 
 def step_copies(blocks: Sequence[Sequence[Sequence[int]]], root: Sequence[Sequence[int]], world: int,

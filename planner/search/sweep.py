@@ -330,14 +330,14 @@ def stage_table(model: ModelSpec, tp: int, pp: int,
     largest = {i: params.largest_param_numel(model, tp, i, pp) for i in set(kinds)}
     persistent = {i: model_states.stage_persistent_numel(model, tp, i, counts[i][0], pp, threshold)
                   for i in set(kinds)}
-    per_gpu = [experts.params_per_gpu(total, x, ep)  # once per distinct stage make-up
-               for total, x in set(zip((sum(c[1:]) for c in counts), routed))]
+    distinct = set(zip(counts, routed))  # each stage make-up once (a few of up to pp stages)
+    per_gpu = [experts.params_per_gpu(sum(c[1:]), x, ep) for c, x in distinct]
     return {
         "params": tuple(sum(counts[i][1:]) for i in kinds),  # layers + embedding + head
         "routed": tuple(routed[i] for i in kinds),
         "largest": tuple(largest[i] for i in kinds),
         "persistent": tuple(persistent[i] for i in kinds),
-        "max_layers": (max(c[0] for c in counts),) * 4,
+        "max_layers": (max(c[0] for c, _ in distinct),) * 4,
         "max_params": (max(per_gpu),) * 4,
         "block": (model_states.block_numel(model, tp),) * 4,
         "layers": tuple(counts[i][0] for i in kinds),
@@ -489,10 +489,12 @@ def kept_activation_bytes_b1(cands: dict[str, np.ndarray], chunk, first, last, c
         cap = (2 * (p_i - 1) + (v_i - 1) * p_i + 2 * p_i * v_i) // v_i + 2
         keys, inv = _group(p_i, v_i, np.minimum(m[inter], cap))  # one replay per (p, v, m)
         p, v, m_eff = keys.T
-        sides = ((f, chunk[inter], first[inter], 0, 0),  # rank, its chunk with extras:
-                 (lst, chunk_last[inter], last[inter], p - 1, v - 1))  # embedding 0, head v - 1
-        for out, c, extra, rank, weighted in sides:
-            fronts = interleaved_fronts(p, rank, v, m_eff, weighted)  # (replays, 2 pairs, 2)
+        zero = np.zeros_like(p)  # rank, its chunk with extras: embedding 0, head v - 1
+        both = interleaved_fronts(*(np.concatenate(x) for x in (  # both sides' replays at once
+            (p, p), (zero, p - 1), (v, v), (m_eff, m_eff), (zero, v - 1))))
+        sides = ((f, chunk[inter], first[inter], both[:len(p)]),
+                 (lst, chunk_last[inter], last[inter], both[len(p):]))
+        for out, c, extra, fronts in sides:  # fronts: (replays, 2 pairs, 2)
             out[inter] = np.maximum(c * fronts[inv, 0, 0] + extra * fronts[inv, 0, 1],
                                     c * fronts[inv, 1, 0] + extra * fronts[inv, 1, 1])
     return f, lst
@@ -550,25 +552,27 @@ def model_state_columns(cluster: Cluster, setup: TrainSetup, cands: LayoutColumn
         keys, inv = unique_ints(key)
     rep = _representatives(inv, len(keys))
     row = tp_pp_inv[rep]  # the (tp, pp) row of each combination
-    sub = cands.take(rep)
-    gpu, host = [], []
-    for kind in (0, 1, 2, 3):  # first, stage 2, the heaviest middle, last stage
-        P, routed = tables["params"][row, kind], tables["routed"][row, kind]
-        states = experts.ep_state_parts(P, routed, sub, setup.precision, setup.optimizer,
-                                        setup.host_accounting)
-        P = experts.params_per_gpu(P, routed, sub["ep"]) if "ep" in sub else P
-        buffers_parts = model_states.buffer_parts(
-            P, tables["largest"][row, kind], tables["persistent"][row, kind], sub,
-            setup.precision, buffers, tables["block"][row, kind], tables["layers"][row, kind])
-        gpu.append(model_states.parts_total(states.gpu, P)
-                   + model_states.parts_total(buffers_parts, P))
-        host.append((model_states.parts_total(states.cpu, P),
-                     model_states.parts_total(states.nvme, P)))
+    # the four stage kinds (first, stage 2, the heaviest middle, last stage) stacked kind by
+    # kind into one evaluation of 4 x combinations rows (every formula is row-wise)
+    sub = cands.take(np.tile(rep, 4))
+    P, routed, largest, persistent, block, layers = (
+        tables[name][row].T.ravel()
+        for name in ("params", "routed", "largest", "persistent", "block", "layers"))
+    states = experts.ep_state_parts(P, routed, sub, setup.precision, setup.optimizer,
+                                    setup.host_accounting)
+    P = experts.params_per_gpu(P, routed, sub["ep"]) if "ep" in sub else P
+    buffers_parts = model_states.buffer_parts(P, largest, persistent, sub, setup.precision,
+                                              buffers, block, layers)
+    gpu = (model_states.parts_total(states.gpu, P)
+           + model_states.parts_total(buffers_parts, P)).reshape(4, -1)
+    cpu, nvme = (model_states.parts_total(part, P).reshape(4, -1)
+                 for part in (states.cpu, states.nvme))
+    host = list(zip(cpu, nvme))  # (cpu, nvme) of each kind
     counts = node_counts(cluster, tp_pp[:, :2])[row]  # (combinations, node rows, 3 stage kinds)
     host = [host[0], tuple(np.maximum(a, b) for a, b in zip(host[1], host[2])), host[3]]
     node_cpu = np.max(sum(counts[:, :, k] * host[k][0][:, None] for k in range(3)), axis=1)
     node_nvme = np.max(sum(counts[:, :, k] * host[k][1][:, None] for k in range(3)), axis=1)
-    return gpu[0][inv], gpu[3][inv], node_cpu[inv], node_nvme[inv], gpu[1][inv], gpu[2][inv]
+    return tuple(x.take(inv) for x in (gpu[0], gpu[3], node_cpu, node_nvme, gpu[1], gpu[2]))
 
 
 STAGE_FIELDS = ("params", "routed", "largest", "persistent", "max_layers", "max_params", "block",
@@ -614,8 +618,13 @@ def evaluate(model: ModelSpec, cluster: Cluster, setup: TrainSetup, cands: dict[
     kept_f, kept_l, working = per_b * kept_f, per_b * kept_l, per_b * working
     mixed = len(params.block_kinds(model)) == 2
     middle = ((first_l > 0) | mixed) & (pp >= 3)  # a middle stage can then outgrow stage 1
-    kept_m, kept_h = (np.where(middle, per_b * kept_middle_bytes_b1(one, ch, stage_no[:, k]), 0)
-                      for ch, k in ((chunk_m, 1), (chunk_h, 2)))
+    def kept_middle(at):  # both middle kinds of the groups `at`, stacked into one call
+        both = kept_middle_bytes_b1(one.take(np.concatenate((at, at))),
+                                    np.concatenate((chunk_m[at], chunk_h[at])),
+                                    np.concatenate((stage_no[at, 1], stage_no[at, 2])))
+        return per_b[at] * both[:len(at)], per_b[at] * both[len(at):]
+
+    kept_m, kept_h = piecewise(pp.shape, 2, [(middle, kept_middle)])  # 0 where no middle peaks
     if setup.implementation != "megatron":  # not linear in b: exact per (recompute, b)
         kept_f, working = hf_activation_column(model, setup, rec, b)
         kept_l = kept_f
@@ -623,18 +632,19 @@ def evaluate(model: ModelSpec, cluster: Cluster, setup: TrainSetup, cands: dict[
         x.take(group) for x in (kept_f, kept_l, kept_m, kept_h, working, middle))
     states_first, states_last, node_cpu, node_nvme, states_mid, states_heavy = model_state_columns(
         cluster, setup, cands, keys, inv, tables, c.buffers, (rows, group))
-    stage_params = tables["params"][inv]
     pp = cands["pp"]
 
     def stage_bytes(states, kept, kind, last):  # states + activations + the step's transients
         return states + kept + working + plan.stage_transient_column(
-            model, setup, cands, stage_params[:, kind], kept, working, last)
+            model, setup, cands, tables["params"][:, kind].take(inv), kept, working, last)
 
-    def middle_bytes(at):  # the two middle kinds, on the candidates `at` whose middle can peak
-        sub = cands.take(at)
-        return [states[at] + kept[at] + working[at] + plan.stage_transient_column(
-                    model, setup, sub, stage_params[at, kind], kept[at], working[at], False)
-                for states, kept, kind in ((states_mid, kept_m, 1), (states_heavy, kept_h, 2))]
+    def middle_bytes(at):  # the two middle kinds of the candidates `at` whose middle can peak,
+        two = np.concatenate((at, at))  # stacked into one evaluation
+        kept, work = np.concatenate((kept_m[at], kept_h[at])), working.take(two)
+        params_mid = np.concatenate([tables["params"][:, kind].take(inv[at]) for kind in (1, 2)])
+        both = np.concatenate((states_mid[at], states_heavy[at])) + kept + work + \
+            plan.stage_transient_column(model, setup, cands.take(two), params_mid, kept, work, False)
+        return both[:len(at)], both[len(at):]
 
     gpu_first = stage_bytes(states_first, kept_f, 0, pp == 1)
     gpu_mid, gpu_heavy = piecewise(pp.shape, 2, [(middle, middle_bytes)])  # 0 elsewhere
@@ -649,8 +659,10 @@ def evaluate(model: ModelSpec, cluster: Cluster, setup: TrainSetup, cands: dict[
     peak_stage = kind_stage[group, peak_kind]  # the stage number of each candidate's peak kind
     out = dict(gpu_peak_bytes=gpu_peak, peak_stage=peak_stage,
                headroom_bytes=capacity - gpu_peak, node_cpu_bytes=node_cpu, node_nvme_bytes=node_nvme)
-    out |= steptime.step_columns(model, cluster, setup, cands, tables["max_layers"][inv, 0],
-                                 tables["max_params"][inv, 0], flash_attention=c.flash_attention,
+    out |= steptime.step_columns(model, cluster, setup, cands,
+                                 tables["max_layers"][:, 0].take(inv),
+                                 tables["max_params"][:, 0].take(inv),
+                                 flash_attention=c.flash_attention,
                                  buffers=c.buffers, efficiency=efficiency, stage_rows=inv,
                                  activity=(rows, group), megatron_overlap=c.megatron_overlap)
     return out

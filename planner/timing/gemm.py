@@ -185,11 +185,14 @@ def block_efficiency(gpu: GpuSpec, dtype: str, level, gemms: tuple[Gemm, ...],
                      element_bytes: int = 2):
     """One efficiency for a block's GEMMs (forward and backward): total FLOPs over the sum of
     each GEMM's FLOPs / its own efficiency, i.e. the block's matmul time is exactly the sum of
-    its GEMMs' times at their shapes."""
+    its GEMMs' times at their shapes. The GEMMs are stacked into one array (one
+    `in_training_efficiency` call instead of one per GEMM) and summed in their order."""
+    shape = np.broadcast_shapes(*(np.shape(x) for g in gemms for x in (g.m, g.n, g.k, g.count)))
+    m, n, k, count = (np.stack([np.broadcast_to(np.asarray(getattr(g, name), dtype=float), shape)
+                                for g in gemms]) for name in ("m", "n", "k", "count"))
+    f = count * gemm_flops(m, n, k)
+    per_gemm = f / in_training_efficiency(gpu, dtype, level, m, n, k, element_bytes)
     total, weighted = 0.0, 0.0
-    for g in gemms:
-        f = g.count * gemm_flops(g.m, g.n, g.k)
-        total = total + f
-        weighted = weighted + f / in_training_efficiency(gpu, dtype, level, g.m, g.n, g.k,
-                                                         element_bytes)
+    for i in range(len(gemms)):
+        total, weighted = total + f[i], weighted + per_gemm[i]
     return total / weighted

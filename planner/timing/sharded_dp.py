@@ -28,6 +28,7 @@ All functions accept scalars or numpy arrays.
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import numpy as np
@@ -104,32 +105,81 @@ def fsdp2_step(gather_layer_s, reduce_scatter_layer_s, forward_layer_s, backward
     return DpCommTime(total_s=total, exposed_s=step - m * compute, step_s=step)
 
 
+class Fsdp2GroupCopyBytes(NamedTuple):
+    """HBM bytes (read + written) of each copy FSDP2 makes for one `fully_shard` group, per
+    occurrence (torch 2.13.0 `torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py`), with S
+    the group's padded shard elements per rank, n ranks, U its unsharded elements."""
+
+    param_cast_bytes: object
+    """`_get_param_all_gather_inputs`: the shards cast into the mixed-precision param dtype
+    (S·(b_orig + b_param); 0 when they match). On the all-gather copy-in stream."""
+    all_gather_copy_in_bytes: object
+    """`all_gather_copy_in` (`_foreach_copy_` into the rank's slice): 2·S·b_param. On the
+    all-gather copy-in stream (`foreach_all_gather`), not the compute stream."""
+    all_gather_copy_out_bytes: object
+    """`foreach_all_gather_copy_out` (`split_with_sizes_copy` of the n·S output into each padded
+    unsharded parameter): 2·n·S·b_param. On the compute stream (`wait_for_unshard`)."""
+    reduce_scatter_copy_in_bytes: object
+    """`foreach_reduce_scatter_copy_in` (`chunk_cat` of the U unsharded gradients, b_grad each,
+    into the padded n·S input in reduce dtype): U·b_grad + n·S·b_reduce. On the compute stream
+    (before `reduce_scatter_stream.wait_stream(current_stream)`)."""
+    grad_cast_bytes: object
+    """`_to_dtype_if_needed` of the S-element output back to the parameters' dtype:
+    S·(b_reduce + b_orig); 0 when they match. On the post-reduce stream."""
+
+
+def padded_shard_elements(shape, world):
+    """Elements of one rank's shard of a parameter of `shape` (`_fsdp_common._get_dim0_padded_size`:
+    dim 0 padded to a multiple of the world size): ceil(dim0 / n) rows of the other dimensions.
+    Integers stay integers; arrays broadcast."""
+    rows = -(-shape[0] // world) if len(shape) else 1
+    return rows * math.prod(shape[1:])
+
+
+def fsdp2_group_copy_bytes(shapes, world, orig_bytes=4, param_bytes=None, reduce_bytes=None,
+                           grad_bytes=None) -> Fsdp2GroupCopyBytes:
+    """Exact copy bytes of one group of parameters of `shapes` on `world` ranks (element sizes:
+    the parameters' own, the mixed-precision param and reduce dtypes (None: the parameters'),
+    the unsharded gradients' (None: the param dtype, as torch computes them)). The one
+    definition: the step model (`fsdp2_copy_bytes`) and the calibration harness
+    (`planner.calibrate.fsdp2_overhead.group_copy_bytes`) both read it."""
+    param_bytes = param_bytes or orig_bytes
+    reduce_bytes = reduce_bytes or param_bytes
+    grad_bytes = grad_bytes or param_bytes
+    shard = sum(padded_shard_elements(s, world) for s in shapes)
+    unsharded = sum(math.prod(s) for s in shapes)
+    return Fsdp2GroupCopyBytes(
+        param_cast_bytes=shard * (orig_bytes + param_bytes) if param_bytes != orig_bytes else 0,
+        all_gather_copy_in_bytes=2 * shard * param_bytes,
+        all_gather_copy_out_bytes=2 * world * shard * param_bytes,
+        reduce_scatter_copy_in_bytes=unsharded * grad_bytes + world * shard * reduce_bytes,
+        grad_cast_bytes=shard * (reduce_bytes + orig_bytes) if reduce_bytes != orig_bytes else 0)
+
+
 class Fsdp2CopyBytes(NamedTuple):
-    """HBM bytes FSDP2 copies on the compute stream per micro-batch (torch 2.13
-    `torch/distributed/fsdp/_fully_shard/`), each read + written once."""
+    """HBM bytes FSDP2 copies on the COMPUTE stream per micro-batch for one unit (the step
+    model's exposed copies; `Fsdp2GroupCopyBytes` for what each is)."""
 
     gather_copy_out_bytes: object
-    """`foreach_all_gather_copy_out` (`split_with_sizes_copy`, called from
-    `FSDPParamGroup.wait_for_unshard` on the current stream): the all-gather output is copied into
-    each parameter's unsharded tensor; per gather read P·b_p + write P·b_p. Forward, and again
-    in backward with reshard_after_forward."""
+    """All-gather copy-out, once per gather: forward, and again in backward with
+    reshard_after_forward."""
     reduce_copy_in_bytes: object
-    """`foreach_reduce` → `foreach_reduce_scatter_copy_in` (`torch._chunk_cat`, before the
-    switch to the reduce-scatter stream): the unsharded gradients (b_g bytes, the param dtype) are
-    read and written into the reduce-scatter input in reduce_dtype (b_r bytes): P·(b_g + b_r).
-    Only on micro-batches that reduce."""
+    """Reduce-scatter copy-in, on micro-batches that reduce."""
 
 
 def fsdp2_copy_bytes(unit_params, param_bytes, grad_bytes, reduce_bytes,
-                     reshard_after_forward=True) -> Fsdp2CopyBytes:
-    """Per micro-batch copy traffic of one `fully_shard` unit of P parameters (arrays broadcast).
-    Named approximation: the all-gather copy-in (`all_gather_copy_in`, on its own stream, P/dp
-    elements) and the post-reduce division / cast of the P/dp output shard are left out (a 1/dp
-    fraction of the terms kept)."""
-    p = np.asarray(unit_params, dtype=float)
+                     reshard_after_forward=True, world=1) -> Fsdp2CopyBytes:
+    """Per micro-batch compute-stream copy traffic of a unit of P parameters on `world` ranks,
+    from `fsdp2_group_copy_bytes` (arrays broadcast). The copy-in and the casts run on FSDP2's
+    other streams (overlapped, not counted here). Named approximation of the step model: the
+    unit's parameters as one tensor of P elements (per-tensor shapes are not known per layout
+    column); with world = 1 nothing is padded."""
+    g = fsdp2_group_copy_bytes([(np.asarray(unit_params, dtype=float),)], world,
+                               orig_bytes=param_bytes, reduce_bytes=reduce_bytes,
+                               grad_bytes=grad_bytes)
     gathers = np.where(np.asarray(reshard_after_forward, dtype=bool), 2, 1)
-    return Fsdp2CopyBytes(gather_copy_out_bytes=gathers * 2 * p * param_bytes,
-                          reduce_copy_in_bytes=p * (grad_bytes + reduce_bytes))
+    return Fsdp2CopyBytes(gather_copy_out_bytes=gathers * g.all_gather_copy_out_bytes,
+                          reduce_copy_in_bytes=g.reduce_scatter_copy_in_bytes)
 
 
 def fsdp2_copy_s(copy: Fsdp2CopyBytes, micro_batches, reducing_micro_batches, hbm_bytes_per_s):

@@ -37,7 +37,7 @@ from planner.core import flops as flops_mod
 from planner.core import params
 from planner.core.columns import RECOMPUTE_MODES, LayoutColumns, group_rows, on_distinct, piecewise
 from planner.core.errors import PlanInputError
-from planner.timing import collectives, context, expert, gemm, interference, sharded_dp
+from planner.timing import collectives, context, expert, gemm, interference, logits, sharded_dp
 from planner.timing import megatron_overlap as mo
 from planner.timing import fp8 as fp8_timing
 from planner.memory import experts
@@ -762,13 +762,17 @@ def step_columns(model: ModelSpec, cluster: Cluster, setup: TrainSetup, cols: La
                                                prec.activation_bytes)
     eff = matmul_efficiency(model, cluster, setup, r.efficiency, b, cols["tp"], flash_attention,
                             efficiency, cp)
+    # the loss kernels over the logits (planner.timing.logits), per layer: spread over the
+    # layers (so over the stages) as the logits FLOPs are (`per_gpu`)
+    loss_fwd_b, loss_b = (x / model.num_layers for x in logits.loss_kernel_bytes(
+        b * tokens, model.vocab_size, cols["tp"], prec.activation_bytes))
     work = StageWork(
         layers=layers, stage_params=stage_params,
         shard_params=zero_shard_params(stage_params, shard_ranks(cols), cols["zero_stage"]),
         act_bytes=b * (tokens * float(model.hidden_size * prec.activation_bytes)),
         tp_allreduces=allreduces[rec],
-        elementwise_bytes=elementwise_step_bytes(token_b, score_b, elementwise_code),
-        elementwise_fwd_bytes=token_b + score_b,
+        elementwise_bytes=elementwise_step_bytes(token_b, score_b, elementwise_code) + loss_b,
+        elementwise_fwd_bytes=token_b + score_b + loss_fwd_b,
         fwd_flops=per_mode("forward_flops", rec) * per_gpu, bwd_flops=per_mode("backward_flops", rec) * per_gpu,
         recompute_flops=per_mode("recompute_flops", rec) * per_gpu,
         efficiency=eff, fill_stages=(model.num_layers - layers) / layers, stage_rows=stage_rows,
