@@ -455,7 +455,7 @@ def evaluated_rows() -> list[tuple[str, str, str, float, float | None, float | N
 
 
 EVALUATED_SPLITS = ("in_sample", "out_of_sample", "out_of_sample_2", "out_of_sample_3",
-                    "out_of_sample_4", "out_of_sample_5", "out_of_sample_6")
+                    "out_of_sample_4", "out_of_sample_5", "out_of_sample_6", "out_of_sample_7")
 """Splits whose model errors are computed. out_of_sample_2 joined after session 10's
 structural work; out_of_sample_3 joined once, after session 11's (the Megatron overlaps) was
 committed (the YAML's THIRD SPLIT RULE); out_of_sample_4 (MosaicML llm-foundry FSDP tables)
@@ -464,17 +464,21 @@ rows) was committed (FOURTH SPLIT RULE); out_of_sample_5 (NVIDIA dgxc-benchmarki
 after session 12's interleaved data-parallel overlap was committed (FIFTH SPLIT RULE);
 out_of_sample_6 (the fms-fsdp table) joined once, after
 session 12's work (the loss kernels, one FSDP2 copy-bytes definition, the OPT-175B layout from
-metaseq's launcher) was committed (SIXTH SPLIT RULE); no structural change may follow."""
+metaseq's launcher) was committed (SIXTH SPLIT RULE); no structural change may follow. out_of_sample_7 (the later
+dgxc-benchmarking releases: GB200 and current-software H100) joined once, after session 12's
+stage placement (t10d, commit 5e1f474) was committed (SEVENTH SPLIT RULE)."""
 
 SPLIT_LABELS = {"in_sample": "in_sample", "out_of_sample": "seen since s8",
                 "out_of_sample_2": "seen since s10", "out_of_sample_3": "seen since s11",
-                "out_of_sample_4": "seen since s11", "out_of_sample_5": "out_of_sample_5",
-                "out_of_sample_6": "out_of_sample_6"}
+                "out_of_sample_4": "seen since s11", "out_of_sample_5": "seen since s12",
+                "out_of_sample_6": "seen since s12", "out_of_sample_7": "out_of_sample_7"}
 """How each split is reported: the session-8 out-of-sample rows have been seen since session 8
 and the session-10 ones since session 10 (errors looked at while building the model), so they
 are no longer clean held-out evidence; out_of_sample_3 (t10b) and out_of_sample_4 (f10c) were
-each evaluated once in session 11 and are seen since; out_of_sample_5 (NVIDIA dgxc-benchmarking)
-and out_of_sample_6 (the fms-fsdp table) are session 12's held-out splits."""
+each evaluated once in session 11 and are seen since; out_of_sample_5 (NVIDIA dgxc-benchmarking
+v25.01) and out_of_sample_6 (the fms-fsdp table) were each evaluated once in session 12 and then
+seen while the stage placement was built (t10d); out_of_sample_7 (the later dgxc-benchmarking
+releases) is the held-out split."""
 
 
 def split_group_report(rows, split: str = "out_of_sample_4") -> list[str]:
@@ -588,11 +592,14 @@ def main(argv: list[str] | None = None) -> None:
     print("\nout_of_sample_4 (MosaicML llm-foundry MPT, Composer FSDP FULL_SHARD, seen since s11)"
           " by GPU and nodes")
     print("\n".join(split_group_report(rows)))
-    print("\nout_of_sample_5 (NVIDIA dgxc-benchmarking v25.01, NeMo BF16 on H100) by model")
+    print("\nout_of_sample_5 (NVIDIA dgxc-benchmarking v25.01, NeMo BF16 on H100, seen since s12) by model")
     print("\n".join(split_family_report(rows)))
     print("\nout_of_sample_6 (IBM / PyTorch fms-fsdp, FSDP1 FULL_SHARD; HSDP and every-k-th-block AC"
           " rows not modelled) by GPU and nodes")
     print("\n".join(split_group_report(rows, "out_of_sample_6")))
+    print("\nout_of_sample_7 (NVIDIA dgxc-benchmarking v25.05.05 / v25.04.02, NeMo BF16 on GB200 "
+          "and current-software H100) by GPU and model")
+    print("\n".join(split_gpu_report(rows)))
     if args.loo:
         print("\nleave-one-out: fit on one row, errors on the other nine")
         print(f"{'fit row':>9} {'efficiency':>10} {'mean |err|':>10} {'max |err|':>9}")
