@@ -504,6 +504,8 @@ def test_later_dgxc_rows_selection():
         assert f"(release {release})" in r.paper, r.name
         assert r.gpu in ("gb200", "h100-sxm") and r.category == "dense", r.name
         assert (r.cluster == "gb200-nvl72-seg16x8") == (r.gpu == "gb200"), r.name
+        # tp 1 (Llama 3.1 8B): no tensor-parallel communication to overlap
+        assert r.tp > 1 or "tp_comm" not in r.megatron_overlap, r.name
     assert counts == {
         "dgxc-llama3.1-405b-gb200": 3, "dgxc-llama3.1-405b-h100-sxm": 1,
         "dgxc-nemotron4-15b-h100-sxm": 1, "dgxc-nemotron4-340b-h100-sxm": 1,

@@ -178,7 +178,10 @@ def row(tag: str, path: str, title: str, recipe: dict, col: dict, lay: dict) -> 
              f"-{col['gpus']}gpu",
         split="out_of_sample_7",
         paper=f"NVIDIA dgxc-benchmarking {path} (release {tag}), BF16 table",
-        megatron_overlap=recipe["overlap"], gpu=gpu, num_gpus=col["gpus"])
+        # no tensor-parallel communication to overlap at tp 1 (NeMo's MegatronCommOverlapCallback
+        # turns tp_comm_overlap off below tp 2; zplan's Layout refuses tp_comm without it)
+        megatron_overlap=[x for x in recipe["overlap"] if tp > 1 or x != "tp_comm"],
+        gpu=gpu, num_gpus=col["gpus"])
     if gpu in CLUSTERS:
         out["cluster"] = CLUSTERS[gpu]
     out.update(
