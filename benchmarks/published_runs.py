@@ -44,9 +44,10 @@ import math  # noqa: E402
 
 from benchmarks.published_runs_data import PublicRun, load_runs  # noqa: E402
 from planner.core.errors import PlanInputError  # noqa: E402
-from planner.io.loading import cluster_for_gpus  # noqa: E402
+from planner.io.loading import cluster_for_gpus, load_cluster  # noqa: E402
 from planner.core.recipes import get_optimizer, get_precision  # noqa: E402
 from planner.core.spec import Cluster, Frozen, Layout, ModelSpec, TrainSetup  # noqa: E402
+from planner.timing import stage_placement  # noqa: E402
 from planner.timing.steptime import estimate_step  # noqa: E402
 
 NARAYANAN = "Narayanan et al. 2021 (Megatron-LM, SC21) Table 1"
@@ -330,6 +331,10 @@ def data_row_build(run: PublicRun, level: float | None = None
     """The (model, cluster, layout, setup, note) a dense data-file row is evaluated with
     (`data_row_error`; `level`: the GPU's in-training GEMM level, shape model kept)."""
     first, last = UNEVEN_STAGES.get(run.name, (None, None))
+    if run.pipeline_split_accounting:  # Megatron's account-for-embedding / -loss flags
+        first, last = stage_placement.accounted_stage_layers(
+            run.model.num_layers, run.pp, "embedding" in run.pipeline_split_accounting,
+            "loss" in run.pipeline_split_accounting)
     m = math.ceil(run.global_batch / (run.micro_batch * run.dp))
     batch = m * run.micro_batch * run.dp
     note = "" if batch == run.global_batch else f"batch {batch} (m={m})"
@@ -348,13 +353,26 @@ def data_row_build(run: PublicRun, level: float | None = None
     precision = "megatron-fp16" if run.gpu.startswith("v100") else "megatron-bf16"
     setup = TrainSetup(seq_len=run.model.seq_len, global_batch=batch, train_tokens=300e9,
                        precision=get_precision(precision), optimizer=get_optimizer("adam"))
-    cluster = cluster_for_gpus(run.gpu, run.num_gpus)
+    cluster = data_row_cluster(run)
     if run.inter_node_gb_per_s is not None:  # the network the source states
         cluster = cluster.model_copy(update=dict(inter_node_gb_per_s=run.inter_node_gb_per_s))
     if level is not None:
         cluster = cluster.model_copy(update=dict(
             gpu=cluster.gpu.model_copy(update=dict(achieved_efficiency=level))))
     return model, cluster, layout, setup, note
+
+
+def data_row_cluster(run: PublicRun) -> Cluster:
+    """The row's `cluster` profile (its node and network) with as many nodes as the row's GPUs
+    fill, or the GPU's default node (`cluster_for_gpus`) when the row names none."""
+    if run.cluster is None:
+        return cluster_for_gpus(run.gpu, run.num_gpus)
+    base = load_cluster(run.cluster)
+    nodes, rest = divmod(run.num_gpus, base.node.gpus_per_node)
+    if rest or base.gpu.name != run.gpu:
+        raise ValueError(f"{run.name}: {run.num_gpus} {run.gpu} GPUs do not fill whole "
+                         f"{base.node.name} nodes")
+    return base.model_copy(update=dict(num_nodes=nodes, name=f"{base.node.name}x{nodes}"))
 
 
 def _compare(run: PublicRun, batch: int, est, note: str
@@ -437,7 +455,7 @@ def evaluated_rows() -> list[tuple[str, str, str, float, float | None, float | N
 
 
 EVALUATED_SPLITS = ("in_sample", "out_of_sample", "out_of_sample_2", "out_of_sample_3",
-                    "out_of_sample_4", "out_of_sample_5", "out_of_sample_6")
+                    "out_of_sample_4", "out_of_sample_5", "out_of_sample_6", "out_of_sample_7")
 """Splits whose model errors are computed. out_of_sample_2 joined after session 10's
 structural work; out_of_sample_3 joined once, after session 11's (the Megatron overlaps) was
 committed (the YAML's THIRD SPLIT RULE); out_of_sample_4 (MosaicML llm-foundry FSDP tables)
@@ -446,17 +464,21 @@ rows) was committed (FOURTH SPLIT RULE); out_of_sample_5 (NVIDIA dgxc-benchmarki
 after session 12's interleaved data-parallel overlap was committed (FIFTH SPLIT RULE);
 out_of_sample_6 (the fms-fsdp table) joined once, after
 session 12's work (the loss kernels, one FSDP2 copy-bytes definition, the OPT-175B layout from
-metaseq's launcher) was committed (SIXTH SPLIT RULE); no structural change may follow."""
+metaseq's launcher) was committed (SIXTH SPLIT RULE); no structural change may follow. out_of_sample_7 (the later
+dgxc-benchmarking releases: GB200 and current-software H100) joined once, after session 12's
+stage placement (t10d, commit 5e1f474) was committed (SEVENTH SPLIT RULE)."""
 
 SPLIT_LABELS = {"in_sample": "in_sample", "out_of_sample": "seen since s8",
                 "out_of_sample_2": "seen since s10", "out_of_sample_3": "seen since s11",
-                "out_of_sample_4": "seen since s11", "out_of_sample_5": "out_of_sample_5",
-                "out_of_sample_6": "out_of_sample_6"}
+                "out_of_sample_4": "seen since s11", "out_of_sample_5": "seen since s12",
+                "out_of_sample_6": "seen since s12", "out_of_sample_7": "out_of_sample_7"}
 """How each split is reported: the session-8 out-of-sample rows have been seen since session 8
 and the session-10 ones since session 10 (errors looked at while building the model), so they
 are no longer clean held-out evidence; out_of_sample_3 (t10b) and out_of_sample_4 (f10c) were
-each evaluated once in session 11 and are seen since; out_of_sample_5 (NVIDIA dgxc-benchmarking)
-and out_of_sample_6 (the fms-fsdp table) are session 12's held-out splits."""
+each evaluated once in session 11 and are seen since; out_of_sample_5 (NVIDIA dgxc-benchmarking
+v25.01) and out_of_sample_6 (the fms-fsdp table) were each evaluated once in session 12 and then
+seen while the stage placement was built (t10d); out_of_sample_7 (the later dgxc-benchmarking
+releases) is the held-out split."""
 
 
 def split_group_report(rows, split: str = "out_of_sample_4") -> list[str]:
@@ -488,6 +510,25 @@ def split_family_report(rows, split: str = "out_of_sample_5") -> list[str]:
         lines.append(f"{SPLIT_LABELS[split]:<16} {family:<22} {len(errs):>4} "
                      f"{sum(map(abs, errs)) / len(errs):>9.1f}% {max(map(abs, errs)):>8.1f}% "
                      f"{sum(errs) / len(errs):>+8.1f}%")
+    return lines
+
+
+def split_gpu_report(rows, split: str = "out_of_sample_7") -> list[str]:
+    """Mean / max |error| of one split's rows by GPU (GB200; H100 = the same NeMo recipes on
+    newer software than out_of_sample_5) and, within each GPU, by model (the row name without
+    its GPU count): the grouping fixed with the SEVENTH SPLIT RULE before the split's errors
+    were computed."""
+    runs = {r.name: r for r in load_runs()}
+    lines = [f"{'split':<16} {'gpu':<10} {'model':<34} {'rows':>4} {'mean |err|':>10} "
+             f"{'max |err|':>9} {'mean err':>9}"]
+    sel = [(runs[r[0]].gpu, r[0].rsplit("-", 1)[0], r[5]) for r in rows
+           if r[1] == split and r[5] is not None]
+    for gpu in dict.fromkeys(g for g, _, _ in sel):
+        for family in [None] + list(dict.fromkeys(f for g, f, _ in sel if g == gpu)):
+            errs = [e for g, f, e in sel if g == gpu and family in (None, f)]
+            lines.append(f"{SPLIT_LABELS[split]:<16} {gpu:<10} {family or 'all':<34} "
+                         f"{len(errs):>4} {sum(map(abs, errs)) / len(errs):>9.1f}% "
+                         f"{max(map(abs, errs)):>8.1f}% {sum(errs) / len(errs):>+8.1f}%")
     return lines
 
 
@@ -551,11 +592,14 @@ def main(argv: list[str] | None = None) -> None:
     print("\nout_of_sample_4 (MosaicML llm-foundry MPT, Composer FSDP FULL_SHARD, seen since s11)"
           " by GPU and nodes")
     print("\n".join(split_group_report(rows)))
-    print("\nout_of_sample_5 (NVIDIA dgxc-benchmarking v25.01, NeMo BF16 on H100) by model")
+    print("\nout_of_sample_5 (NVIDIA dgxc-benchmarking v25.01, NeMo BF16 on H100, seen since s12) by model")
     print("\n".join(split_family_report(rows)))
     print("\nout_of_sample_6 (IBM / PyTorch fms-fsdp, FSDP1 FULL_SHARD; HSDP and every-k-th-block AC"
           " rows not modelled) by GPU and nodes")
     print("\n".join(split_group_report(rows, "out_of_sample_6")))
+    print("\nout_of_sample_7 (NVIDIA dgxc-benchmarking v25.05.05 / v25.04.02, NeMo BF16 on GB200 "
+          "and current-software H100) by GPU and model")
+    print("\n".join(split_gpu_report(rows)))
     if args.loo:
         print("\nleave-one-out: fit on one row, errors on the other nine")
         print(f"{'fit row':>9} {'efficiency':>10} {'mean |err|':>10} {'max |err|':>9}")

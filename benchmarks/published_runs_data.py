@@ -47,17 +47,24 @@ class PublicRun(Frozen):
 
     name: str
     split: Literal["in_sample", "out_of_sample", "out_of_sample_2", "out_of_sample_3",
-                   "out_of_sample_4", "out_of_sample_5", "out_of_sample_6"]
+                   "out_of_sample_4", "out_of_sample_5", "out_of_sample_6",
+                   "out_of_sample_7"]
     """out_of_sample_2: sources added in session 10 (the YAML's NEW SPLIT RULE);
     out_of_sample_3: session 11 (THIRD SPLIT RULE); out_of_sample_4: session 11, the MosaicML
     llm-foundry FSDP tables (FOURTH SPLIT RULE); out_of_sample_5: session 12, NVIDIA
     dgxc-benchmarking v25.01 BF16 H100 tables (FIFTH SPLIT RULE); out_of_sample_6: session 12,
-    the fms-fsdp FSDP table (SIXTH SPLIT RULE, above its block at the end of the runs list)."""
+    the fms-fsdp FSDP table (SIXTH SPLIT RULE, above its block at the end of the runs list);
+    out_of_sample_7: session 12, the later dgxc-benchmarking releases' BF16 GB200 and
+    current-software H100 tables (SEVENTH SPLIT RULE, above its block at the end)."""
     category: Literal["dense", "moe"] = "dense"
     """`moe`: a mixture-of-experts run (an evaluator without expert parallelism skips it)."""
     paper: str
     gpu: str
     num_gpus: int
+    cluster: str | None = None
+    """A cluster profile (hardware_profiles/clusters/) whose node and network the run used,
+    taken with as many nodes as num_gpus needs; None: the GPU's default node
+    (planner.io.loading.cluster_for_gpus)."""
     model: RunModel | None
     """None when the dimensions were not transcribed from the source."""
     tp: int
@@ -75,6 +82,10 @@ class PublicRun(Frozen):
     megatron_overlap: tuple[Literal["tp_comm", "grad_reduce", "param_gather"], ...] | None = None
     """Megatron-Core overlaps the source states (--tp-comm-overlap, --overlap-grad-reduce,
     --overlap-param-gather); None: the row is not evaluated as a Megatron-Core run."""
+    pipeline_split_accounting: tuple[Literal["embedding", "loss"], ...] = ()
+    """Megatron-Core's --account-for-embedding-in-pipeline-split / --account-for-loss-in-
+    pipeline-split as the row states or assumes: the embedding (loss) counts as one layer of
+    the first (last) pipeline chunk when the layers are divided."""
     sequence_parallel: bool | None = None
     """Megatron sequence parallelism as the row states or assumes; None: on for Megatron-Core
     rows with tp > 1 (benchmarks/published_runs.py data_row_error)."""
@@ -133,7 +144,8 @@ def by_split(runs: tuple[PublicRun, ...], split: str) -> tuple[PublicRun, ...]:
 def main() -> None:
     runs = load_runs()
     for split in ("in_sample", "out_of_sample", "out_of_sample_2", "out_of_sample_3",
-                  "out_of_sample_4", "out_of_sample_5", "out_of_sample_6"):
+                  "out_of_sample_4", "out_of_sample_5", "out_of_sample_6",
+                  "out_of_sample_7"):
         print(f"{split}:")
         for r in by_split(runs, split):
             metric = (f"{r.tflops_per_gpu:>6.1f} TFLOP/s/GPU" if r.tflops_per_gpu is not None

@@ -44,7 +44,8 @@ def test_split_is_by_paper():
                     "out_of_sample_2" if r.paper.startswith(SESSION_10_SOURCES) else
                     "out_of_sample_3" if r.paper.startswith(SESSION_11_SOURCES) else
                     "out_of_sample_4" if r.paper.startswith(MOSAIC) else
-                    "out_of_sample_5" if r.paper.startswith(DGXC) else
+                    "out_of_sample_7" if r.paper.startswith(DGXC) and "v25.01" not in r.paper
+                    else "out_of_sample_5" if r.paper.startswith(DGXC) else
                     "out_of_sample_6" if r.paper.startswith(FMS) else
                     "out_of_sample")
         assert r.split == expected, r.name
@@ -472,3 +473,119 @@ def test_opt_175b_layout_from_the_metaseq_launcher():
     assert (r.tp, r.dp) == (8, 124) and (2_097_152 // 124) // 2048 == 8 == r.micro_batch
     assert r.global_batch == 8 * 124 == 992  # 992 x 2048 = 2,031,616 tokens, "2M tokens"
     assert "zero2" in r.engine  # --no-reshard-after-forward
+
+
+# ------------------------------------- out_of_sample_7 (later dgxc-benchmarking: GB200, new H100)
+LATER_ROWS = [r for r in RUNS.values() if r.split == "out_of_sample_7"]
+# The READMEs' model FLOPs of one sample (their Notes): 405B 2.17E+16 (v25.05.05 llama3.1),
+# Nemotron-4 340B 8.62124e15 and 15B 3.85e14 (v25.05.05 nemotron), Llama 3.1 8B 4.74E+14
+# (v25.04.02 llama3.1), GPT-3 175B 2.20E+15 (v25.04.02 nemo_megatron); 70B 3.94e15 (v25.01
+# llama3.1/README_70b.md: the v25.04.02 Notes work only the 8B example).
+LATER_FLOPS = {"llama3.1-405b": 2.17e16, "nemotron4-340b": 8.62124e15, "nemotron4-15b": 3.85e14,
+               "llama3.1-8b": 4.74e14, "llama3.1-70b": 3.94e15, "gpt3-175b": 2.20e15}
+# The READMEs' peak tables: GB200 BF16 2,450 TFLOP/s (v25.05.05 llama3.1 'Peak theoretical
+# throughput'), H100 BF16 989.
+LATER_PEAK = {"gb200": 2450e12, "h100-sxm": 989e12}
+
+
+def _later_family(r) -> str:
+    return next(k for k in LATER_FLOPS if k in r.name)
+
+
+def test_later_dgxc_rows_selection():
+    # SEVENTH SPLIT RULE: 405B 3 GB200 + 1 H100; Nemotron-4 15B 1 H100, 340B 1 H100 + 3 GB200
+    # weak + 3 GB200 strong scaling (v25.05.05); Llama 3.1 8B 5, 70B 6, GPT-3 175B 5 H100
+    # (v25.04.02): 28 rows, 9 on GB200.
+    counts = {}
+    for r in LATER_ROWS:
+        key = r.name.rsplit("-", 1)[0]
+        counts[key] = counts.get(key, 0) + 1
+        release = "v25.05.05" if ("405b" in r.name or "nemotron" in r.name) else "v25.04.02"
+        assert f"(release {release})" in r.paper, r.name
+        assert r.gpu in ("gb200", "h100-sxm") and r.category == "dense", r.name
+        assert (r.cluster == "gb200-nvl72-seg16x8") == (r.gpu == "gb200"), r.name
+        # tp 1 (Llama 3.1 8B): no tensor-parallel communication to overlap
+        assert r.tp > 1 or "tp_comm" not in r.megatron_overlap, r.name
+    assert counts == {
+        "dgxc-llama3.1-405b-gb200": 3, "dgxc-llama3.1-405b-h100-sxm": 1,
+        "dgxc-nemotron4-15b-h100-sxm": 1, "dgxc-nemotron4-340b-h100-sxm": 1,
+        "dgxc-nemotron4-340b-gb200": 3, "dgxc-nemotron4-340b-gb200-strong": 3,
+        "dgxc-llama3.1-8b-h100-sxm": 5, "dgxc-llama3.1-70b-h100-sxm": 6,
+        "dgxc-gpt3-175b-h100-sxm": 5}
+    assert RUNS[list(RUNS)[-1]].split == "out_of_sample_7"  # appended at the END of the runs
+
+
+def test_later_dgxc_throughput_is_sequence_times_batch_over_step():
+    # tokens/s = seq x GBS / step (the READMEs' formula). 405B on 128 GB200: 8192 x 64 / 9.347 =
+    # 56,091.8 (table 56,092); 340B strong on 128 GB200: 4096 x 512 / 32.66 = 64,211.6 (64,211:
+    # truncated, so one token/s of slack below). The table's figure lies within the
+    # range a half-unit of the step's last printed digit allows.
+    assert 8192 * 64 / 9.347 == pytest.approx(56_092, abs=0.5)
+    assert 4096 * 512 / 32.66 == pytest.approx(64_211.6, abs=0.05)
+    for r in LATER_ROWS:
+        exact = r.model.seq_len * r.global_batch
+        step = r.iteration_time_s
+        decimals = len(repr(step).split(".")[1])
+        half = 0.5 * 10 ** -decimals
+        assert exact / (step + half) <= r.cross_check["tokens_per_s"] + 1 \
+            and r.cross_check["tokens_per_s"] <= exact / (step - half), r.name
+        assert r.tokens_per_s_per_gpu == pytest.approx(
+            r.cross_check["tokens_per_s"] / r.num_gpus, abs=0.05), r.name
+
+
+def test_later_dgxc_batches_and_the_gpt3_typo():
+    # GBS = DP x MBS x GA of the layout table; the printed GBS agrees everywhere but GPT-3 175B
+    # on 512 H100: the v25.04.02 table prints 1204 with DP 16, GA 64, MBS 1 (= 1024), and its
+    # throughput 249,068 tokens/s = 2048 x 1024 / 8.42 (= 249,068.4), not 2048 x 1204 / 8.42
+    # (292,850): 1024 is the batch that ran.
+    assert 2048 * 1024 / 8.42 == pytest.approx(249_068, abs=0.5)
+    for r in LATER_ROWS:
+        assert r.global_batch == r.dp * r.micro_batch * r.cross_check["grad_accum"], r.name
+        printed = r.cross_check["gbs_printed"]
+        if r.name == "dgxc-gpt3-175b-h100-sxm-512gpu":
+            assert (printed, r.global_batch) == (1204, 1024)
+        else:
+            assert printed == r.global_batch, r.name
+        assert r.cross_check["layers_printed"] == r.model.num_layers, r.name
+
+
+def test_later_dgxc_mfu_from_the_readmes_model_flops():
+    # MFU = GBS x model FLOPs / step / GPUs / peak (the READMEs' formula), e.g. 405B on 128
+    # GB200: 64 x 2.17e16 / 9.347 / 128 / 2.45e15 = 0.4738 (table 47.4 %); GPT-3 on 512 H100
+    # with the batch 1024: 1024 x 2.20e15 / 8.42 / 512 / 989e12 = 0.5284 (table 52.84 %). The
+    # printed MFU and model FLOPs are rounded (3 significant digits): 0.3 % relative allowed.
+    assert 64 * 2.17e16 / 9.347 / 128 / 2.45e15 == pytest.approx(0.4738, abs=1e-4)
+    assert 1024 * 2.20e15 / 8.42 / 512 / 989e12 == pytest.approx(0.5284, abs=1e-4)
+    for r in LATER_ROWS:
+        mfu = r.global_batch * LATER_FLOPS[_later_family(r)] / r.iteration_time_s / \
+            r.num_gpus / LATER_PEAK[r.gpu]
+        assert mfu == pytest.approx(r.mfu, rel=3e-3), r.name
+
+
+def test_later_dgxc_layer_split_and_interleaving():
+    # Chunks of pp x vp: Nemotron-4 340B on GB200 96 / (4 x 12) = 2 layers per chunk, on H100
+    # 96 / (8 x 12) = 1; GPT-3 96 / (8 x 6) = 2; 70B 80 / (4 x 5) = 4. Llama 3.1 405B: 126 over
+    # 8 x 8 = 64 chunks does not divide; with the embedding and the loss counted as one layer
+    # each (Megatron-Core account_for_*_in_pipeline_split) (126 + 2) / 64 = 2.
+    assert 126 % 64 != 0 and (126 + 2) % 64 == 0
+    for r in LATER_ROWS:
+        chunks = r.pp * r.virtual_stages
+        extra = len(r.pipeline_split_accounting)
+        assert (r.model.num_layers + extra) % chunks == 0, r.name
+        assert (extra == 2) == ("405b" in r.name), r.name
+        ga = r.cross_check["grad_accum"]
+        assert r.virtual_stages == 1 or ga % r.pp == 0, r.name
+
+
+def test_gb200_segment_cluster_profile():
+    # 16 compute trays x 4 GPUs = 64 GPUs per NVLink segment; one 400 Gb/s NIC per GPU = 50 GB/s
+    # -> 64 x 50 = 3,200 GB/s per segment. 128 / 256 / 512 GPUs are 2 / 4 / 8 segments (and no
+    # multiple of a whole 72-GPU rack).
+    from planner.io.loading import load_cluster
+
+    c = load_cluster("gb200-nvl72-seg16x8")
+    assert c.node.gpus_per_node == 16 * 4 and c.inter_node_gb_per_s == 64 * 50
+    assert c.gpu.name == "gb200" and c.num_gpus == 512
+    for r in LATER_ROWS:
+        if r.gpu == "gb200":
+            assert r.num_gpus % 64 == 0 and r.num_gpus % 72 != 0, r.name

@@ -110,9 +110,10 @@ def test_matmul_efficiency_is_the_block_gemms_at_their_shapes():
     est = estimate_step(loading.load_model("gpt3-175b"), loading.cluster_for_gpus("a100-80gb", 8),
                         Layout(tp=8, micro_batch=1, flash_attention=True),
                         SETUP.model_copy(update=dict(seq_len=2048, global_batch=1)))
-    block = gemm.block_efficiency(gpu, "fp16", 0.628, fwd + gemm.backward_gemms(fwd))
+    # the profile's level: 0.641 since session 12's refit on the same calibration row
+    block = gemm.block_efficiency(gpu, "fp16", 0.641, fwd + gemm.backward_gemms(fwd))
     assert est.compute_efficiency == pytest.approx(float(block), rel=1e-12)
-    assert 0.628 * 0.859 / 0.869 <= est.compute_efficiency <= 0.628
+    assert 0.641 * 0.859 / 0.869 <= est.compute_efficiency <= 0.641
     # the --efficiency override stays one constant
     over = estimate_step(loading.load_model("gpt3-175b"), loading.cluster_for_gpus("a100-80gb", 8),
                          Layout(tp=8, micro_batch=1, flash_attention=True),

@@ -99,18 +99,24 @@ def test_tensor_parallel_adds_four_all_reduces_per_layer():
 
 
 def test_pipeline_bubble_and_sends():
-    # pp=2, m=4 micro-batches of b=1: bubble = (2-1)/4 of the ideal time; 2 sends per
-    # micro-batch of b*s*h*2 = 2048 B at 100 GB/s with 1 us latency.
+    # pp=2, m=4 micro-batches of b=1, one block per stage. The output layer and loss sit on the
+    # last stage only (Megatron-Core gpt_model.py `post_process`; planner/timing/stage_placement):
+    # the last stage runs its block (FORWARD - HEAD) / 2 = 6,553,600 forward FLOPs and the head
+    # 2·B·s·h·V = 819,200, x 3 with the backward: 22,118,400 FLOPs at 0.5e12.
     c = cluster(2, lat_us=1.0)
     est = estimate_step(MODEL, c, Layout(flash_attention=False, pp=2, micro_batch=1, grad_accum=4), SETUP)
-    ideal = MODEL_FLOPS / 2 / 0.5e12
-    assert est.compute_s == pytest.approx(ideal, rel=1e-12)
-    # memory-bound: 1 layer per stage, 4 micro-batches of b=1 (a quarter of the b=4 bytes), 3 passes
-    # the loss: 4 micro-batches of b=1 (a quarter of LOSS each), spread over the 2 stages as
-    # the logits FLOPs are: 4 x LOSS / 4 / 2
-    memory = (4 * 3 * (LN_BDA + GELU + SCORES) / 4 + LOSS / 2) / 1000e9
+    head = 2 * 4 * 16 * 64 * 100
+    block = (FORWARD - head) // 2
+    assert (block, head) == (6_553_600, 819_200)
+    assert est.compute_s == pytest.approx(3 * (block + head) / 0.5e12, rel=1e-12)
+    # memory-bound: its 1 block, 4 micro-batches of b=1 (a quarter of the b=4 bytes), 3 passes,
+    # and the whole loss (4 micro-batches x LOSS / 4) on this stage
+    memory = (4 * 3 * (LN_BDA + GELU + SCORES) / 4 + LOSS) / 1000e9
     assert est.memory_bound_s == pytest.approx(memory, rel=1e-12)
-    assert est.bubble_s == pytest.approx((ideal + memory) / 4, rel=1e-12)
+    # the fill and drain run through the other stage: its one block's step time, / m
+    other = 3 * block / 0.5e12 + 3 * (LN_BDA + GELU + SCORES) / 1000e9
+    assert est.bubble_s == pytest.approx(other / 4, rel=1e-12)
+    # 2 sends per micro-batch of b*s*h*2 = 2048 B at 100 GB/s with 1 us latency
     assert est.pp_comm_s == pytest.approx(2 * 4 * (1e-6 + 2048 / 100e9), rel=1e-12)
 
 

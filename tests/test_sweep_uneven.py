@@ -58,12 +58,23 @@ def test_uneven_rows_equal_fit_to_the_byte(evaluated):
         assert float(cols["step_s"][i]) == pytest.approx(est.step_s, rel=1e-12), layout
 
 
-def test_uneven_bubble_counts_the_largest_stage(evaluated):
-    # Fill in slowest-stage units: (28 - 4) / 4 = 6 (even stages of 3.5 do not exist; pp - 1 = 7
-    # would overstate it): bubble = 6 / (m·v) of the ideal time (steptime.bubble_time_s).
+def test_uneven_bubble_counts_the_slowest_stage(evaluated):
+    # Stages 2, 4 x 6, 2 blocks; the head (logits GEMM + loss) on the last stage
+    # (planner/timing/stage_placement). The head's forward 2·B·s·h·V = 2 x 32 x 128 x 64 x 1000
+    # = 524,288,000 FLOPs (whole job) x pp / GPUs = 8 / 16, x 3 with the backward; its loss
+    # kernels 36 B per logit (fp16 logits, logits.py) over B·s·V / (dp·tp) logits per GPU. With
+    # V = 1000 against h = 64 the head outweighs two blocks (lambda >= 2): the last stage
+    # (2 blocks + head) is the slowest, its matmul, recompute and element-wise time = 2 blocks
+    # + head; the fill runs through the other 26 blocks: 26 / (2 + lambda) units of it.
     cluster, setup, c, cands, cols = evaluated
     i = next(j for j in range(len(cands)) if cands["virtual_stages"][j] == 1)
     layout = sweep.layout_at(cands, i, c)
     est = steptime.estimate_step(UNEVEN, cluster, layout, setup)
+    speed = 312e12 * est.compute_efficiency
+    head_s = 3 * 524_288_000 * 8 / 16 / speed + \
+        32 * 128 * 1000 / (layout.dp * layout.tp) * 36 / 2039e9
+    block_s = (est.compute_s + est.recompute_s + est.memory_bound_s - head_s) / 2
+    lam = head_s / block_s
+    assert lam >= 2
     ideal = est.compute_s + est.recompute_s + est.memory_bound_s + est.tp_comm_s
-    assert est.bubble_s == pytest.approx(6 / layout.grad_accum * ideal, rel=1e-12)
+    assert est.bubble_s == pytest.approx(26 / (2 + lam) / layout.grad_accum * ideal, rel=1e-9)

@@ -73,17 +73,25 @@ def test_memory_per_stage_by_hand():
 
 
 def test_bubble_by_hand():
-    # Stage times proportional to layers [6, 8, 8, 8]: fill and drain run through the other
-    # stages, (30 - 8) / 8 = 2.75 slowest-stage times instead of pp - 1 = 3; per 1F1B
-    # (Narayanan et al. 2021 §2.2.1) bubble = 2.75 / m x the slowest stage's ideal time.
+    # Stages [6, 8, 8, 8] blocks; the output layer and loss on the last stage (Megatron-Core
+    # post_process; planner/timing/stage_placement), so it is the slowest: 8 blocks + head.
+    # Fill and drain run through the other 22 blocks (not pp - 1 = 3 slowest-stage times):
+    # per 1F1B (Narayanan et al. 2021 §2.2.1) bubble = 22 blocks' step time / m.
+    # The head by hand (B = 4, s = 16, h = 64, V = 100; one GPU a stage, m = 4 of b = 1): the
+    # logits forward 2·B·s·h·V = 819,200 FLOPs x 3 with the backward at 1e12 x 0.5, and the
+    # loss kernels' 36 B per logit over 4 x 16 x 100 logits at 1000 GB/s: 5.1456e-6 s.
+    head_s = 3 * 2 * 4 * 16 * 64 * 100 / 0.5e12 + 4 * 16 * 100 * 36 / 1000e9
+    assert head_s == pytest.approx(5.1456e-6, rel=1e-12)
     lay = Layout(pp=4, first_stage_layers=6, last_stage_layers=8, grad_accum=4)
     est = estimate_step(GPT30, cluster(4), lay, SETUP, efficiency=0.5)
-    ideal = est.compute_s + est.recompute_s + est.memory_bound_s + est.tp_comm_s
-    assert est.bubble_s == pytest.approx(2.75 / 4 * ideal, rel=1e-12)
+    block_s = (est.compute_s + est.recompute_s + est.memory_bound_s - head_s) / 8
+    assert est.bubble_s == pytest.approx(22 * block_s / 4, rel=1e-9)
+    # even stages of 8 (32 blocks): the others hold 24 blocks
     even = estimate_step(GPT30.model_copy(update=dict(num_layers=32)), cluster(4),
                          Layout(pp=4, grad_accum=4), SETUP, efficiency=0.5)
-    even_ideal = even.compute_s + even.recompute_s + even.memory_bound_s + even.tp_comm_s
-    assert even.bubble_s == pytest.approx(3 / 4 * even_ideal, rel=1e-12)
+    even_block_s = (even.compute_s + even.recompute_s + even.memory_bound_s - head_s) / 8
+    assert even.bubble_s == pytest.approx(24 * even_block_s / 4, rel=1e-9)
+    # (before the head was placed: 2.75 and 3 slowest-stage times, the head spread evenly)
 
 
 def test_megatron_flags_round_trip():

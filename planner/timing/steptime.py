@@ -20,8 +20,10 @@ Data-parallel collectives: NCCL flat rings per network level (planner/timing/col
 ZeRO-3 re-gathers every layer in forward and backward on every micro-batch, overlapped as far as
 DeepSpeed's prefetch limits allow (planner/timing/sharded_dp.py; docs/collectives.md).
 
-Named approximations: compute is spread evenly over tp and dp ranks, and over pipeline stages
-by the largest stage's layer count (embedding and logits imbalance ignored); kernels at the
+Pipeline stages: the slowest stage sets the step; the output layer and loss sit on the last
+stage only, as Megatron-Core places them (planner/timing/stage_placement.py,
+`slowest_stage_work`). Named approximations: compute is spread evenly over tp and dp ranks; the
+embedding lookup on the first stage is not counted; kernels at the
 sheet HBM bandwidth (no achieved-bandwidth factor); element-wise backward traffic is taken as
 twice the forward's.
 """
@@ -39,6 +41,7 @@ from planner.core.columns import RECOMPUTE_MODES, LayoutColumns, group_rows, on_
 from planner.core.errors import PlanInputError
 from planner.timing import collectives, context, expert, gemm, interference, logits, sharded_dp
 from planner.timing import megatron_overlap as mo
+from planner.timing import stage_placement as sp
 from planner.timing import fp8 as fp8_timing
 from planner.memory import experts
 from planner.memory.context import local_seq_len
@@ -715,6 +718,35 @@ def block_matmul_efficiency(model: ModelSpec, cluster: Cluster, setup: TrainSetu
                                  setup.precision.activation_bytes)
 
 
+def slowest_stage_work(model: ModelSpec, setup: TrainSetup, r: Rates, cols: LayoutColumns,
+                       layers, eff, job_flops: tuple, layer_bytes: tuple, loss_bytes: tuple
+                       ) -> dict:
+    """The StageWork fields of the stage that sets the pace (planner.timing.stage_placement):
+    the head (logits GEMM of `flops.logits_flops` and any MTP modules, the loss kernels
+    `loss_bytes` = (forward, all passes) per micro-batch) on the last stage only, the blocks'
+    FLOPs (`job_flops` = whole-job forward, backward, recompute, head included) and per-layer
+    element-wise bytes (`layer_bytes` = forward, all passes) on each stage's blocks. Element-wise
+    bytes are returned per block of the largest stage (`compute_terms` multiplies by `layers`)."""
+    fwd, bwd, rec = job_flops
+    head_fwd = flops_mod.logits_flops(model, setup.global_batch, setup.seq_len) + \
+        flops_mod.mtp_forward_flops(model, setup.global_batch, setup.seq_len)
+    block = cols["pp"] / model.num_layers / r.num_gpus  # one block's share on one GPU
+    head = cols["pp"] / r.num_gpus
+    b_fwd, b_bwd, b_rec = (fwd - head_fwd) * block, (bwd - 2 * head_fwd) * block, rec * block
+    h_fwd = head_fwd * head
+    m, speed = cols["grad_accum"], r.peak_flops_per_s * eff
+    lam = sp.head_layer_equivalents(3 * h_fwd / speed + m * loss_bytes[1] / r.hbm_bw,
+                                    (b_fwd + b_bwd + b_rec) / speed + m * layer_bytes[1] / r.hbm_bw)
+    first, last = (cols[k] if k in cols else 0 for k in ("first_stage_layers", "last_stage_layers"))
+    blocks, on_last = sp.slowest_stage(layers, sp.last_stage_layers(model.num_layers, cols["pp"],
+                                                                     first, last), lam)
+    return dict(fwd_flops=b_fwd * blocks + h_fwd * on_last,
+                bwd_flops=b_bwd * blocks + 2 * h_fwd * on_last, recompute_flops=b_rec * blocks,
+                elementwise_fwd_bytes=(layer_bytes[0] * blocks + loss_bytes[0] * on_last) / layers,
+                elementwise_bytes=(layer_bytes[1] * blocks + loss_bytes[1] * on_last) / layers,
+                fill_stages=sp.fill_units(model.num_layers, lam, blocks, on_last))
+
+
 def step_columns(model: ModelSpec, cluster: Cluster, setup: TrainSetup, cols: LayoutColumns,
                  layers, stage_params, *, flash_attention: bool = False,
                  buffers: EngineBuffers = DEFAULT_BUFFERS,
@@ -753,7 +785,6 @@ def step_columns(model: ModelSpec, cluster: Cluster, setup: TrainSetup, cols: La
 
     allreduces = np.array([tp_allreduces_per_layer(mode) for mode in RECOMPUTE_MODES])
     elementwise_code = np.array([RECOMPUTE_CODE[mode] for mode in RECOMPUTE_MODES])[rec]
-    per_gpu = layers * cols["pp"] / model.num_layers / r.num_gpus  # slowest stage's share
     prec, b = setup.precision, cols["micro_batch"]
     cp = cols.get("cp", 1)
     tokens = local_seq_len(setup.seq_len, cp)  # s / cp tokens of each sequence per GPU
@@ -762,20 +793,18 @@ def step_columns(model: ModelSpec, cluster: Cluster, setup: TrainSetup, cols: La
                                                prec.activation_bytes)
     eff = matmul_efficiency(model, cluster, setup, r.efficiency, b, cols["tp"], flash_attention,
                             efficiency, cp)
-    # the loss kernels over the logits (planner.timing.logits), per layer: spread over the
-    # layers (so over the stages) as the logits FLOPs are (`per_gpu`)
-    loss_fwd_b, loss_b = (x / model.num_layers for x in logits.loss_kernel_bytes(
-        b * tokens, model.vocab_size, cols["tp"], prec.activation_bytes))
+    stage = slowest_stage_work(model, setup, r, cols, layers, eff, (
+        per_mode("forward_flops", rec), per_mode("backward_flops", rec),
+        per_mode("recompute_flops", rec)), (
+        token_b + score_b, elementwise_step_bytes(token_b, score_b, elementwise_code)),
+        logits.loss_kernel_bytes(b * tokens, model.vocab_size, cols["tp"],
+                                 prec.activation_bytes))
     work = StageWork(
         layers=layers, stage_params=stage_params,
         shard_params=zero_shard_params(stage_params, shard_ranks(cols), cols["zero_stage"]),
         act_bytes=b * (tokens * float(model.hidden_size * prec.activation_bytes)),
-        tp_allreduces=allreduces[rec],
-        elementwise_bytes=elementwise_step_bytes(token_b, score_b, elementwise_code) + loss_b,
-        elementwise_fwd_bytes=token_b + score_b + loss_fwd_b,
-        fwd_flops=per_mode("forward_flops", rec) * per_gpu, bwd_flops=per_mode("backward_flops", rec) * per_gpu,
-        recompute_flops=per_mode("recompute_flops", rec) * per_gpu,
-        efficiency=eff, fill_stages=(model.num_layers - layers) / layers, stage_rows=stage_rows,
+        tp_allreduces=allreduces[rec], **stage,
+        efficiency=eff, stage_rows=stage_rows,
         qkv_bytes=b * (tokens * float(params.qkv_width(model) * prec.activation_bytes)),
         kv_heads=None if model.is_mla else model.kv_heads,
         ep_comm_s=expert.ep_comm_s(model, setup, cols, r),
