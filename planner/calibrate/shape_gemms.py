@@ -1,18 +1,19 @@
 """GEMMs timed at the shapes and operand layouts a training step calls them with: a part.
 
-Why (docs/calibrate.md "Why the single-process narrow configuration was predicted low"): the
-GEMM table is measured on a power-of-two grid (32, 128, 512, 2048 per dimension) with contiguous
-operands and interpolated in arithmetic intensity. On this CPU (torch 2.13, one thread per rank)
-the same FLOPs run at very different speeds at dimensions between the grid's points and with a
-transposed operand: for the SEEN configuration `narrow s192 b3 x1` (width 320, 576 tokens) the
-forward `x @ W.t()` of the MLP (576 x 1280 x 320) ran at 38 GFLOP/s contiguous but near the
-grid's ~85 GFLOP/s with `W.t()` as the step lays it out, and the 15 attention `bmm`s of 192 x 192
-x 64 at 36 GFLOP/s where the grid's nearest intensity gives ~85. No interpolation in intensity
-can see either. So each distinct call of a model's forward + backward — op (`mm`, `addmm`,
-`bmm`, `baddbmm`), batch, m, n, k, and which operand is column-major (a transposed view, as
-`nn.Linear`'s `W.t()` and the backward's `x.t() @ dy`) — is timed alone, on tensors laid out
-the same way, with the threads and pinning of the parts (planner.calibrate.procedure). That is a
-micro-benchmark of the op at the step's shapes; nothing in it is taken from the step.
+Why (docs/calibrate.md "Where a single-process step's time goes"): the GEMM table is measured
+on a power-of-two grid (32, 128, 512, 2048 per dimension) with contiguous operands and
+interpolated in arithmetic intensity. A step's GEMMs have other dimensions (widths 192-768,
+576 tokens, head size 64 ...) and transposed operands (`nn.Linear`'s `W.t()`, the backward's
+`x.t() @ dy`). Measured back to back on this CPU (torch 2.13, one thread, 2026-11-23, load ~1):
+the table's time for the SEEN step `small b4 x1` was 103.6 ms against 77.7 ms for its 51 calls
+timed alone at their shapes and layouts (+33 %; single shapes +0 to +88 %), for `narrow s192 b3
+x1` 335.2 against 285.7 ms (+17 %); the calls timed alone then agree with the same GEMMs'
+self time inside the real step (torch.profiler, planner.calibrate.attribution) to within a few
+per cent in the same rounds on a quiet machine. So each distinct call of a model's forward +
+backward — op (`mm`, `addmm`, `bmm`, `baddbmm`), batch, m, n, k, and which operand is
+column-major — is timed alone, on tensors laid out the same way, with the threads and pinning
+of the parts (planner.calibrate.procedure). That is a micro-benchmark of the op at the step's
+shapes; nothing in it is taken from the step.
 """
 
 from __future__ import annotations
