@@ -7,9 +7,10 @@ interpolated in arithmetic intensity. A step's GEMMs have other dimensions (widt
 `x.t() @ dy`). Measured back to back on this CPU (torch 2.13, one thread, 2026-11-23, load ~1):
 the table's time for the SEEN step `small b4 x1` was 103.6 ms against 77.7 ms for its 51 calls
 timed alone at their shapes and layouts (+33 %; single shapes +0 to +88 %), for `narrow s192 b3
-x1` 335.2 against 285.7 ms (+17 %); the calls timed alone then agree with the same GEMMs'
-self time inside the real step (torch.profiler, planner.calibrate.attribution) to within a few
-per cent in the same rounds on a quiet machine. So each distinct call of a model's forward +
+x1` 335.2 against 285.7 ms (+17 %). Against the same GEMMs' self time inside the real step
+(torch.profiler, planner.calibrate.attribution, alternating rounds): 562 vs 554 ms (narrow) and
+81 vs 85 ms (small), but 420 vs 521 ms (mid) at load ~2; 13-25 % apart either way at load ~4 (a
+shared 2-core machine: these are noisy figures). So each distinct call of a model's forward +
 backward — op (`mm`, `addmm`, `bmm`, `baddbmm`), batch, m, n, k, and which operand is
 column-major — is timed alone, on tensors laid out the same way, with the threads and pinning
 of the parts (planner.calibrate.procedure). That is a micro-benchmark of the op at the step's
