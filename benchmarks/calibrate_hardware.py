@@ -18,6 +18,9 @@ whole thing (fresh parts each time) and ends with one `SUMMARY` line per run to 
     python benchmarks/calibrate_hardware.py --clock thread   # each rank's CPU time (a shared machine)
     python benchmarks/calibrate_hardware.py --parts parts.json   # reuse saved parts, steps only
     python benchmarks/calibrate_hardware.py --set new        # only the NEW held-out set
+    python benchmarks/calibrate_hardware.py --no-shapes      # GEMMs from the table only
+    python benchmarks/calibrate_hardware.py --attribute 3    # no prediction table: the SEEN one-process
+                                                             # steps per op class (predicted / alone / in step)
     python benchmarks/calibrate_hardware.py --stability 4    # no prediction: three SEEN steps measured
                                                              # 4 times each, pinned and not (alternating)
 
