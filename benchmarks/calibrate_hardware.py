@@ -6,7 +6,7 @@
 2. Predict, from the parts only, the step time of the held-apart configurations of
    planner/calibrate/heldout.py, then run them for real and print predicted vs measured per term:
    the SEEN set (every configuration whose errors were looked at in earlier sessions) and the NEW
-   set (five configurations committed before any of them was run) in separate tables.
+   set (four configurations committed before any of them was run) in separate tables.
 No efficiency or time of any of these steps is used to fit anything. Goal: step within 15 %.
 The machine load (`uptime`'s 1-minute load average) is printed with every row, `uptime` with
 every run; the "spread" column is the measured steps' interquartile range over their median.
@@ -18,6 +18,9 @@ whole thing (fresh parts each time) and ends with one `SUMMARY` line per run to 
     python benchmarks/calibrate_hardware.py --clock thread   # each rank's CPU time (a shared machine)
     python benchmarks/calibrate_hardware.py --parts parts.json   # reuse saved parts, steps only
     python benchmarks/calibrate_hardware.py --set new        # only the NEW held-out set
+    python benchmarks/calibrate_hardware.py --no-shapes      # GEMMs from the table only
+    python benchmarks/calibrate_hardware.py --attribute 3    # no prediction table: the SEEN one-process
+                                                             # steps per op class (predicted / alone / in step)
     python benchmarks/calibrate_hardware.py --stability 4    # no prediction: three SEEN steps measured
                                                              # 4 times each, pinned and not (alternating)
 
@@ -40,7 +43,7 @@ sys.path.insert(0, str(ROOT))
 from planner.calibrate.hardware_run import HardwareConfig, calibrate_local  # noqa: E402
 from planner.calibrate.heldout import new_heldout_configs, seen_configs  # noqa: E402
 from planner.calibrate.parts import HardwareParts  # noqa: E402
-from planner.calibrate.predict import predict_step  # noqa: E402
+from planner.calibrate.predict import predict_step, with_step_shapes  # noqa: E402
 from planner.calibrate.steps import measure_step  # noqa: E402
 from planner.core.params import count_params  # noqa: E402
 from planner.io.loading import load_model  # noqa: E402
@@ -60,6 +63,10 @@ def _parts(args) -> HardwareParts:
 
 def _ms(seconds: float | None) -> str:
     return "n/a" if seconds is None else f"{seconds * 1e3:.1f}"
+
+
+def _us(seconds: float | None) -> str:
+    return "n/a" if seconds is None else f"{seconds * 1e6:.1f} us"
 
 
 def _load() -> str:
@@ -129,14 +136,24 @@ def one_run(args, number: int) -> str:
     start, up = time.strftime("%H:%M", time.gmtime()), _uptime()
     print(f"\n=== run {number}/{args.runs} start {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}; uptime: {up}")
     parts = _parts(args)
+    base = load_model("gpt2")
+    configs = seen_configs(base, 2) + new_heldout_configs(base, 2)
+    if not args.no_shapes:
+        start_shapes = time.perf_counter()
+        parts = with_step_shapes(parts, configs)
+        print(f"GEMMs at the steps' shapes and layouts: {len(parts.shape_gemms)} distinct calls timed alone in "
+              f"{time.perf_counter() - start_shapes:.0f} s (planner/calibrate/shape_gemms.py)")
     ar = parts.collective("all_reduce", 2).fit
     hook = "n/a" if parts.fsdp2_hook_s is None else f"{parts.fsdp2_hook_s * 1e6:.0f} us"
     print(f"GEMM peak (best on grid) {parts.peak_flops_per_s['fp32'] / 1e9:.1f} GFLOP/s; copy "
           f"{parts.kernel('copy').large_bytes_per_s / 1e9:.2f} GB/s; Adam {1 / parts.optimizer.per_element_s:.3g} "
           f"params/s; all-reduce x2 alpha {ar.latency_s * 1e6:.0f} us, busbw {ar.bytes_per_s / 1e9:.2f} GB/s; "
-          f"FSDP2 hook {hook}; load {_load()}")
+          f"FSDP2 hook {hook}; dispatch per op {_us(parts.dispatch_per_op_s)}; load {_load()}")
+    for f in parts.fsdp2_collectives:
+        print(f"FSDP2 as called ({'block, resharded' if f.resharded else 'root, not resharded'}) x{f.ranks}: per group "
+              f"alpha {f.fit.latency_s * 1e3:.2f} ms, {f.fit.bytes_per_s / 1e9:.2f} GB/s of group bytes; points "
+              + ", ".join(f"{b / 2**20:.2f} MiB {t * 1e3:.1f} ms" for b, t in zip(f.sizes_bytes, f.times_s)))
     _contention(parts)
-    base = load_model("gpt2")
     seen = _table("SEEN (every configuration of the earlier sessions)", seen_configs(base, 2), parts) \
         if args.which in ("seen", "both") else Split()
     new = _table("NEW held-out (committed before they were first run)", new_heldout_configs(base, 2), parts) \
@@ -154,11 +171,17 @@ def _args():
     parser.add_argument("--parts", help="JSON file of calibrated parts: read if it exists, else written")
     parser.add_argument("--set", choices=("seen", "new", "both"), default="both", dest="which")
     parser.add_argument("--runs", type=int, default=1, help="repeat parts + steps this many times (>= 1)")
+    parser.add_argument("--no-shapes", action="store_true",
+                        help="predict GEMMs from the table only (no GEMMs timed at the steps' shapes)")
+    parser.add_argument("--attribute", type=int, default=0, metavar="ROUNDS",
+                        help="only attribute the SEEN single-process steps per op class (parts, then ROUNDS rounds)")
     parser.add_argument("--stability", type=int, default=0, metavar="N",
                         help="only measure three SEEN steps N times, pinned and not (no parts, no prediction)")
     args = parser.parse_args()
     if args.stability < 0:
         parser.exit(2, f"calibrate_hardware.py: error: --stability must be at least 0, got {args.stability}\n")
+    if args.attribute < 0:
+        parser.exit(2, f"calibrate_hardware.py: error: --attribute must be at least 0, got {args.attribute}\n")
     if args.runs < 1:
         parser.exit(2, f"calibrate_hardware.py: error: --runs must be at least 1, got {args.runs}\n")
     if args.parts and Path(args.parts).exists():
@@ -194,8 +217,35 @@ def stability(repeats: int) -> None:
     print(f"uptime: {_uptime()}")
 
 
+def attribute(args) -> None:
+    """Per op class of each SEEN single-process step: the parts' prediction, the ops timed alone at
+    the step's shapes, the real step's profiler self time (planner/calibrate/attribution.py)."""
+    from planner.calibrate.attribution import attribute as attribute_step
+    from planner.calibrate.procedure import pinned
+
+    print(f"attribution; uptime: {_uptime()}")
+    parts = _parts(args)
+    configs = [c for c in seen_configs(load_model("gpt2"), 2) if c.strategy == "single"]
+    parts = parts if args.no_shapes else with_step_shapes(parts, configs)
+    with pinned(0, parts.threads_per_rank):
+        for cfg in configs:
+            a = attribute_step(cfg, parts, rounds=args.attribute)
+            total = lambda field: sum(getattr(c, field) for c in a.classes) * 1e3  # noqa: E731
+            print(f"\n{a.name}: forward+backward {a.wall_s * 1e3:.1f} ms (median); predicted {total('predicted_s'):.1f}, "
+                  f"ops alone {total('isolated_s'):.1f}, in-step aten self {total('in_step_s'):.1f}, outside aten ops "
+                  f"{a.outside_aten_s * 1e3:.1f} ms; load {_load()}\n\n| class | ops | predicted ms | alone ms | in step ms |\n"
+                  "|---|---:|---:|---:|---:|")
+            for c in a.classes:
+                print(f"| {c.kind} | {c.ops} | {c.predicted_s * 1e3:.2f} | {c.isolated_s * 1e3:.2f} | {c.in_step_s * 1e3:.2f} |",
+                      flush=True)
+    print(f"\nuptime: {_uptime()}")
+
+
 def main() -> None:
     args = _args()
+    if args.attribute:
+        attribute(args)
+        return
     if args.stability:
         stability(args.stability)
         return

@@ -8,7 +8,10 @@ distributed) import torch at the top.
 collectives.py (torch.distributed timings, spawn or torchrun), hardware_run.py (one run of all
 parts), predict.py (a step predicted from the parts), steps.py (the same step measured),
 heldout.py (the configurations predicted), procedure.py (pinning and the robust statistic shared
-by parts and steps), fsdp2_overhead.py (FSDP2's copies and hooks). Torch-free: fits.py (α–β fit and log-log interpolation; the bus
+by parts and steps), fsdp2_overhead.py (FSDP2's copies and hooks), dispatch.py (per-op Python +
+autograd overhead), attribution.py (per op class: predicted / alone / in the real step); with
+their torch imports inside functions: shape_gemms.py (GEMMs at a step's shapes and layouts),
+fsdp2_collectives.py (FSDP2's per-group cost as it calls its collectives). Torch-free: fits.py (α–β fit and log-log interpolation; the bus
 factors, table look-ups), parts.py (what was measured), profile_file.py (profile YAML, merge,
 lock, atomic write).
 """

@@ -26,6 +26,8 @@ import torch
 import torch.distributed as dist
 
 from planner.calibrate.fits import fit_alpha_beta
+from planner.calibrate.fsdp2_collectives import Fsdp2CollectiveFit
+from planner.calibrate.fsdp2_collectives import measure as measure_fsdp2
 from planner.calibrate.contention import measure_contention
 from planner.calibrate.hardware import use_clock
 from planner.calibrate.parts import CollectiveFit, ContentionPoint
@@ -248,9 +250,11 @@ def spawned_worker(rank: int, world: int, store_dir: str, cfg: dict) -> None:
         fits, contention = measure_all_levels(tuple(cfg["sizes"]), tuple(cfg["ops"]), device, world, world,
                                               cfg["timeout_s"], _stderr_progress(rank, len(cfg["ops"]) * len(cfg["sizes"])), stall,
                                               cfg.get("copy_max_bytes"))
+        fsdp2 = fsdp2_on_node(device, world, world)
         if rank == 0:
             Path(store_dir, "fits.json").write_text(json.dumps({"collectives": [f.model_dump() for f in fits],
-                                                                "contention": [c.model_dump() for c in contention]}))
+                                                                "contention": [c.model_dump() for c in contention],
+                                                                "fsdp2": [f.model_dump() for f in fsdp2]}))
     except CollectiveFailed as err:
         _report(store_dir, rank, {"op": err.op, "size": err.size, "message": err.message})
     except PlanInputError as err:
@@ -259,6 +263,17 @@ def spawned_worker(rank: int, world: int, store_dir: str, cfg: dict) -> None:
         _report(store_dir, rank, {"message": f"{type(err).__name__}: {err}"})
     finally:
         dist.destroy_process_group()
+
+
+def fsdp2_on_node(device: torch.device, world: int, local_world: int) -> list[Fsdp2CollectiveFit]:
+    """FSDP2 as it calls its collectives (planner.calibrate.fsdp2_collectives) on the ranks of a
+    single node (every rank calls it; none with one rank or several nodes, not measured there)."""
+    if world < 2 or world != local_world:
+        return []
+    try:
+        return measure_fsdp2(dist.group.WORLD, device)
+    except Exception as err:  # noqa: BLE001 - c10d raises RuntimeError / DistBackendError
+        raise CollectiveFailed("fsdp2", 0, "during the FSDP2 probe: " + " ".join(str(err).split())[:300]) from None
 
 
 def _report(store_dir: str, rank: int, error: dict) -> None:
@@ -281,16 +296,17 @@ def _stderr_progress(rank: int, total: int):
     return tick
 
 
-def spawn_collectives(nproc: int, cfg: dict) -> tuple[list[CollectiveFit], list[ContentionPoint]]:
-    """Run the collectives and the contention probes on `nproc` local processes; a failed
-    collective is an input error naming the op, or a timeout naming --timeout-s."""
+def spawn_collectives(nproc: int, cfg: dict) -> tuple[list[CollectiveFit], list[ContentionPoint],
+                                                     list[Fsdp2CollectiveFit]]:
+    """Run the collectives, the contention probes and the FSDP2 probe on `nproc` local processes;
+    a failed collective is an input error naming the op, or a timeout naming --timeout-s."""
     import tempfile
 
     import torch.multiprocessing as mp
     from torch.multiprocessing.spawn import ProcessException
 
     if nproc < 2:
-        return [], []
+        return [], [], []
     with tempfile.TemporaryDirectory(prefix="zplan-coll-") as tmp:
         try:
             mp.spawn(spawned_worker, args=(nproc, tmp, cfg), nprocs=nproc, join=True)
@@ -298,7 +314,8 @@ def spawn_collectives(nproc: int, cfg: dict) -> tuple[list[CollectiveFit], list[
             raise _failure(Path(tmp), cfg["timeout_s"]) from None
         out = json.loads(Path(tmp, "fits.json").read_text())
         return ([CollectiveFit.model_validate(f) for f in out["collectives"]],
-                [ContentionPoint.model_validate(c) for c in out["contention"]])
+                [ContentionPoint.model_validate(c) for c in out["contention"]],
+                [Fsdp2CollectiveFit.model_validate(f) for f in out.get("fsdp2", [])])
 
 
 def _failure(tmp: Path, timeout_s: float) -> Exception:

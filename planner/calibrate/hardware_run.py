@@ -21,6 +21,7 @@ from pydantic import Field
 from planner import __version__
 from planner.calibrate import collectives as coll
 from planner.calibrate import hardware as hw
+from planner.calibrate.dispatch import measure as measure_dispatch
 from planner.calibrate.fits import BUS_OPS
 from planner.calibrate.fsdp2_overhead import hook_seconds as fsdp2_hook_seconds
 from planner.calibrate.parts import HardwareParts
@@ -115,14 +116,25 @@ def measure_device(cfg: HardwareConfig, device: torch.device, tick: Tick) -> dic
     tick("io")
     hook_s = fsdp2_hook_seconds(device.type)
     tick("fsdp2 hooks")
-    return {"fsdp2_hook_s": hook_s, "gemm": tuple(gemm), "peak_flops_per_s": peaks, "peak_source": peak_source,
-            "kernels": kernels, "view_op_s": hw.view_op_seconds(device), "optimizer": optimizer,
-            "host_to_device_bytes_per_s": copies[0] if copies else None,
-            "device_to_host_bytes_per_s": copies[1] if copies else None, "file": file}
+    fields = {"fsdp2_hook_s": hook_s, "gemm": tuple(gemm), "peak_flops_per_s": peaks, "peak_source": peak_source,
+              "kernels": kernels, "view_op_s": hw.view_op_seconds(device), "optimizer": optimizer,
+              "host_to_device_bytes_per_s": copies[0] if copies else None,
+              "device_to_host_bytes_per_s": copies[1] if copies else None, "file": file}
+    if device.type == "cpu" and "fp32" in peaks:  # the tiny model runs on the CPU in fp32
+        fields["dispatch_per_op_s"] = measure_dispatch(_partial_parts(fields))
+    tick("dispatch")
+    return fields
+
+
+def _partial_parts(fields: dict) -> HardwareParts:
+    """The device parts measured so far as a HardwareParts (placeholder stamp), for the dispatch
+    part's subtraction of what they predict."""
+    return HardwareParts(host="", date="", zplan_version="", torch_version="", device="cpu", backend="gloo",
+                         threads_per_rank=1, world_size=1, num_nodes=1, cpu_memory_bytes=0, **fields)
 
 
 def total_ticks(cfg: HardwareConfig, device: torch.device) -> int:
-    return grid_size(cfg, device) + len(hw.KERNEL_KINDS) * len(kernel_sizes(cfg, device)) + 3
+    return grid_size(cfg, device) + len(hw.KERNEL_KINDS) * len(kernel_sizes(cfg, device)) + 4
 
 
 def stamp(device: torch.device, threads: int, world: int, nodes: int) -> dict:
@@ -162,9 +174,9 @@ def calibrate_local(cfg: HardwareConfig, tick: Tick) -> HardwareParts:
         parts = measure_device(cfg, device, tick)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)
-        fits, contention = coll.spawn_collectives(cfg.nproc, collective_cfg(cfg, device, threads))
+        fits, contention, fsdp2 = coll.spawn_collectives(cfg.nproc, collective_cfg(cfg, device, threads))
     return HardwareParts(**stamp(device, threads, cfg.nproc, 1), **parts, collectives=tuple(fits),
-                         contention=tuple(contention))
+                         contention=tuple(contention), fsdp2_collectives=tuple(fsdp2))
 
 
 def calibrate_torchrun(cfg: HardwareConfig, env: dict[str, int], tick: Tick) -> HardwareParts | None:
@@ -185,6 +197,7 @@ def calibrate_torchrun(cfg: HardwareConfig, env: dict[str, int], tick: Tick) -> 
             progress = coll._stderr_progress(env["RANK"], len(c["ops"]) * len(c["sizes"]) * (1 + (world > local_world)))
             fits, contention = coll.measure_all_levels(tuple(c["sizes"]), tuple(c["ops"]), device, world, local_world,
                                                        cfg.timeout_s, progress, copy_max_bytes=cfg.kernel_max_bytes)
+            fsdp2 = coll.fsdp2_on_node(device, world, local_world)
     except coll.CollectiveFailed as err:
         raise PlanInputError("timeout-s" if "time" in err.message.lower() else "collectives", str(err)) from None
     finally:
@@ -194,4 +207,4 @@ def calibrate_torchrun(cfg: HardwareConfig, env: dict[str, int], tick: Tick) -> 
     if env["RANK"] != 0:
         return None
     return HardwareParts(**stamp(device, threads, world, world // local_world), **parts, collectives=tuple(fits),
-                         contention=tuple(contention))
+                         contention=tuple(contention), fsdp2_collectives=tuple(fsdp2))

@@ -9,12 +9,16 @@ Three sets, reported apart:
   before they were first run; their errors were reported and looked at in that session, so
   they are seen now too (in-sample for the predictor's *structure*, though nothing is fitted
   on their times).
-- `new_heldout_configs` (NEW): fixed and committed 2026-11-23 ~17:10 UTC, before any prediction
-  or measurement of them was run and before the FSDP2 copies-and-hooks part and the
-  measurement-procedure changes of that session were written: model sizes used by no earlier
-  set (6 x 256, 5 x 320, 3 x 448), sequence lengths 96 and 192, micro-batch 3, FSDP2 with six
-  blocks. Their errors are the out-of-sample figure; nothing in the predictor may be changed
-  after looking at them (changes go into a new set).
+- `third_heldout_configs` (SEEN-3): fixed and committed 2026-11-23 ~17:10 UTC, before any
+  prediction or measurement of them was run (model sizes 6 x 256, 5 x 320, 3 x 448, sequence
+  lengths 96 and 192, micro-batch 3, FSDP2 with six blocks); their errors were reported and
+  looked at in the next session (the lead's runs), so they are seen now too.
+- `new_heldout_configs` (NEW): fixed and committed 2026-11-23 ~19:30 UTC, before any prediction
+  or measurement of them was run and before the parts of that session (the per-op dispatch
+  part, FSDP2's collectives as called) were written: model sizes used by no earlier set
+  (8 x 192, 2 x 576, 4 x 288, 3 x 640), sequence lengths 64, 160 and 224, micro-batches 5
+  (single, DDP) and 6 (ZeRO-1), FSDP2 at sequence length 224. Their errors are the out-of-sample figure; nothing in
+  the predictor may be changed after looking at them (changes go into a new set).
 """
 
 from __future__ import annotations
@@ -30,6 +34,10 @@ WIDE = {"layers": 2, "hidden": 768, "heads": 12, "ffn": 3072, "vocab": 2048}
 DEEP = {"layers": 6, "hidden": 256, "heads": 4, "ffn": 1024, "vocab": 2048}
 NARROW = {"layers": 5, "hidden": 320, "heads": 5, "ffn": 1280, "vocab": 2560}
 H448 = {"layers": 3, "hidden": 448, "heads": 7, "ffn": 1792, "vocab": 3584}
+SLIM = {"layers": 8, "hidden": 192, "heads": 3, "ffn": 768, "vocab": 1536}
+H576 = {"layers": 2, "hidden": 576, "heads": 9, "ffn": 2304, "vocab": 2304}
+H288 = {"layers": 4, "hidden": 288, "heads": 6, "ffn": 1152, "vocab": 2816}
+H640 = {"layers": 3, "hidden": 640, "heads": 10, "ffn": 2560, "vocab": 1792}
 
 
 def step_configs(base: ModelSpec, nproc: int) -> list[StepConfig]:
@@ -60,12 +68,12 @@ def previous_heldout_configs(base: ModelSpec, nproc: int) -> list[StepConfig]:
 
 
 def seen_configs(base: ModelSpec, nproc: int) -> list[StepConfig]:
-    """Every configuration whose errors have been looked at: SEEN-1 then SEEN-2."""
-    return step_configs(base, nproc) + previous_heldout_configs(base, nproc)
+    """Every configuration whose errors have been looked at: SEEN-1, SEEN-2, then SEEN-3."""
+    return step_configs(base, nproc) + previous_heldout_configs(base, nproc) + third_heldout_configs(base, nproc)
 
 
-def new_heldout_configs(base: ModelSpec, nproc: int) -> list[StepConfig]:
-    """NEW (out-of-sample): five configurations none of which had been run when they were committed."""
+def third_heldout_configs(base: ModelSpec, nproc: int) -> list[StepConfig]:
+    """SEEN-3: the held-out five committed ~17:10 UTC (reported by the lead since, so seen now)."""
     deep = scaled_model(base, **DEEP, kv_heads=None)
     narrow = scaled_model(base, **NARROW, kv_heads=None)
     h448 = scaled_model(base, **H448, kv_heads=None)
@@ -76,4 +84,19 @@ def new_heldout_configs(base: ModelSpec, nproc: int) -> list[StepConfig]:
         StepConfig(name=f"narrow b3 ZeRO-1 x{two}", model=narrow, seq_len=128, micro_batch=3, strategy="zero1", nproc=two),
         StepConfig(name=f"h448 s96 b3 DDP x{two}", model=h448, seq_len=96, micro_batch=3, strategy="ddp", nproc=two),
         StepConfig(name=f"h448 b1 FSDP2 x{two}", model=h448, seq_len=128, micro_batch=1, strategy="fsdp2", nproc=two),
+    ]
+
+
+def new_heldout_configs(base: ModelSpec, nproc: int) -> list[StepConfig]:
+    """NEW (out-of-sample): four configurations none of which had been run when they were committed."""
+    slim = scaled_model(base, **SLIM, kv_heads=None)
+    h576 = scaled_model(base, **H576, kv_heads=None)
+    h288 = scaled_model(base, **H288, kv_heads=None)
+    h640 = scaled_model(base, **H640, kv_heads=None)
+    two = min(nproc, 2)
+    return [
+        StepConfig(name="slim s160 b5 x1", model=slim, seq_len=160, micro_batch=5, strategy="single", nproc=1),
+        StepConfig(name=f"h576 s64 b5 DDP x{two}", model=h576, seq_len=64, micro_batch=5, strategy="ddp", nproc=two),
+        StepConfig(name=f"h288 s224 b2 FSDP2 x{two}", model=h288, seq_len=224, micro_batch=2, strategy="fsdp2", nproc=two),
+        StepConfig(name=f"h640 s64 b6 ZeRO-1 x{two}", model=h640, seq_len=64, micro_batch=6, strategy="zero1", nproc=two),
     ]

@@ -13,6 +13,8 @@ from typing import Literal
 from pydantic import Field
 
 from planner.calibrate.fits import AlphaBeta, interp_loglog
+from planner.calibrate.fsdp2_collectives import Fsdp2CollectiveFit
+from planner.calibrate.shape_gemms import ShapeGemm
 from planner.core.spec import Frozen, GemmPoint
 from planner.timing.collectives import bus_factor
 
@@ -135,6 +137,16 @@ class HardwareParts(Frozen):
     fsdp2_hook_s: float | None = None
     """FSDP2's overhead per hook (planner.calibrate.fsdp2_overhead.hook_seconds); None in an
     older parts file (the prediction then has no hook term)."""
+    dispatch_per_op_s: float | None = None
+    """Python + autograd overhead per recorded op of a real forward + backward
+    (planner.calibrate.dispatch); None in an older parts file (no such term then)."""
+    fsdp2_collectives: tuple[Fsdp2CollectiveFit, ...] = ()
+    """FSDP2's per-group cost as FSDP2 calls its collectives (copies, hooks and waits included),
+    block and root schedules (planner.calibrate.fsdp2_collectives); empty in an older parts file
+    (the predictor then adds the bare collectives, the copies and the hooks)."""
+    shape_gemms: tuple[ShapeGemm, ...] = ()
+    """GEMMs timed at the shapes and layouts of given models' steps (planner.calibrate.shape_gemms);
+    the predictor uses them for those calls and the table for every other."""
 
     def kernel(self, kind: str) -> KernelCurve:
         """The curve of `kind`; a parts file measured before the log-softmax curves existed
@@ -170,6 +182,10 @@ class HardwareParts(Frozen):
         lo, hi = next((a, b) for a, b in zip(points, points[1:]) if num_bytes <= b.bytes_moved)
         w = math.log(num_bytes / lo.bytes_moved) / math.log(hi.bytes_moved / lo.bytes_moved)
         return lo.slowdown + w * (hi.slowdown - lo.slowdown)
+
+    def fsdp2_fit(self, resharded: bool, ranks: int) -> AlphaBeta | None:
+        """The FSDP2-as-called fit of the schedule on `ranks` ranks, None when not measured."""
+        return next((f.fit for f in self.fsdp2_collectives if f.resharded == resharded and f.ranks == ranks), None)
 
     @property
     def where(self) -> str:

@@ -34,7 +34,12 @@ Engines, as torch 2.13 implements them:
   root (embeddings, final norm) gathered once (the root is not resharded after forward); its
   copies (all-gather copy-in and copy-out, reduce-scatter copy-in, casts) with the bytes of
   torch 2.13's code and its four hooks per group at the measured per-hook overhead
-  (planner.calibrate.fsdp2_overhead).
+  (planner.calibrate.fsdp2_overhead); or, when the parts hold it, FSDP2's per-group cost as
+  FSDP2 calls its collectives (planner.calibrate.fsdp2_collectives: collectives, copies, hooks
+  and waits measured together) in place of all three.
+GEMMs measured at the step's own shapes and layouts (planner.calibrate.shape_gemms) replace the
+table for those calls; Python + autograd per recorded op (planner.calibrate.dispatch) adds
+`dispatch_per_op_s` x the op count to the dispatch term.
 """
 
 from __future__ import annotations
@@ -47,9 +52,11 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
+from planner.calibrate.dispatch import op_count
 from planner.calibrate.fsdp2_overhead import hooks_per_step, step_copies
 from planner.calibrate.models import build_model
 from planner.calibrate.parts import HardwareParts
+from planner.calibrate.shape_gemms import GemmCall, call_of, lookup, seconds_by_call
 from planner.core.spec import Frozen, ModelSpec
 from planner.timing.gemm import efficiency_from_points, gemm_flops
 
@@ -87,6 +94,8 @@ class Inventory(Frozen):
     """(kind, bytes read + written) per memory-bound op."""
     views: int
     """Aliasing ops and empty allocations."""
+    gemm_calls: tuple[GemmCall, ...] = ()
+    """The GEMMs again with their op and operand layouts (planner.calibrate.shape_gemms)."""
 
 
 class Prediction(Frozen):
@@ -130,6 +139,7 @@ class OpRecorder(TorchDispatchMode):
     def __init__(self) -> None:
         super().__init__()
         self.gemms: list[tuple[int, int, int, int]] = []
+        self.calls: list[GemmCall] = []
         self.kernels: list[tuple[str, int]] = []
         self.views = 0
 
@@ -137,9 +147,9 @@ class OpRecorder(TorchDispatchMode):
         out = func(*args, **(kwargs or {}))
         name = func._schema.name.split("::")[-1]
         if name in GEMM_OPS:
-            a, b = (args[1], args[2]) if name in ("addmm", "baddbmm") else (args[0], args[1])
-            batch = a.shape[0] if a.dim() == 3 else 1
-            self.gemms.append((batch, a.shape[-2], b.shape[-1], a.shape[-1]))
+            call = call_of(name, args)
+            self.calls.append(call)
+            self.gemms.append((call.batch, call.m, call.n, call.k))
         elif _is_view(func) or name.startswith("empty") or name in ("detach", "lift_fresh"):
             self.views += 1
         else:
@@ -174,7 +184,8 @@ def inventory(model: ModelSpec, seq_len: int, micro_batch: int) -> Inventory:
     recorder = OpRecorder()
     with recorder:
         net(tokens, tokens).backward()
-    return Inventory(gemms=tuple(recorder.gemms), kernels=tuple(recorder.kernels), views=recorder.views)
+    return Inventory(gemms=tuple(recorder.gemms), kernels=tuple(recorder.kernels), views=recorder.views,
+                     gemm_calls=tuple(recorder.calls))
 
 
 def compute_seconds(inv: Inventory, parts: HardwareParts, dtype: str = "fp32", ranks: int = 1,
@@ -182,14 +193,32 @@ def compute_seconds(inv: Inventory, parts: HardwareParts, dtype: str = "fp32", r
     """(GEMM, memory-bound, dispatch) seconds of the inventory on the measured parts, each term
     times its measured contention slowdown with `ranks` ranks computing at once (1: alone)."""
     slow = parts.slowdown
-    gemm = sum(b * gemm_seconds(parts, dtype, m, n, k) for b, m, n, k in inv.gemms)
+    gemm = gemm_total_seconds(inv, parts, dtype)
     memory = sum(parts.kernel(kind).seconds(moved) * slow("memory", ranks, with_collective, moved)
                  for kind, moved in inv.kernels)
-    return (gemm * slow("gemm", ranks, with_collective), memory,
-            inv.views * parts.view_op_s * slow("dispatch", ranks, with_collective))
+    dispatch = inv.views * parts.view_op_s + dispatch_overhead_seconds(inv, parts)
+    return gemm * slow("gemm", ranks, with_collective), memory, dispatch * slow("dispatch", ranks, with_collective)
+
+
+def dispatch_overhead_seconds(inv: Inventory, parts: HardwareParts) -> float:
+    """Python + autograd per recorded op (planner.calibrate.dispatch) times the op count; 0 for a
+    parts file without the measurement."""
+    if parts.dispatch_per_op_s is None:
+        return 0.0
+    return parts.dispatch_per_op_s * op_count(inv)
 
 
 ELEMENT_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+
+
+def gemm_total_seconds(inv: Inventory, parts: HardwareParts, dtype: str = "fp32") -> float:
+    """The inventory's GEMMs: each call timed at its shape and layout when the parts measured it
+    (fp32 only: planner.calibrate.shape_gemms), else the table through the planner's formula."""
+    measured = lookup(parts.shape_gemms) if dtype == "fp32" else {}
+    if not measured or not inv.gemm_calls:
+        return sum(b * gemm_seconds(parts, dtype, m, n, k) for b, m, n, k in inv.gemms)
+    return seconds_by_call(inv.gemm_calls, measured,
+                           lambda c: c.batch * gemm_seconds(parts, dtype, c.m, c.n, c.k))
 
 
 def gemm_seconds(parts: HardwareParts, dtype: str, m: int, n: int, k: int) -> float:
@@ -257,11 +286,21 @@ def backward_communication_seconds(cfg: StepConfig, parts: HardwareParts, elem_b
     if cfg.strategy in ("ddp", "zero1"):
         ar = parts.collective("all_reduce", cfg.nproc).fit
         return sum(ar.seconds(b) for b in ddp_buckets([n * elem_bytes for n in param_sizes(cfg.model, cfg.seq_len)]))
+    blocks, root = block_param_elements(cfg.model, cfg.seq_len)
+    if fsdp2_as_called(cfg, parts):
+        block_fit, root_fit = parts.fsdp2_fit(True, cfg.nproc), parts.fsdp2_fit(False, cfg.nproc)
+        return sum(block_fit.seconds(b * elem_bytes) for b in blocks) + root_fit.seconds(root * elem_bytes)
     ag = parts.collective("all_gather", cfg.nproc).fit
     rs = parts.collective("reduce_scatter", cfg.nproc).fit
-    blocks, root = block_param_elements(cfg.model, cfg.seq_len)
     seconds = sum(2 * ag.seconds(b * elem_bytes) + rs.seconds(b * elem_bytes) for b in blocks)
     return seconds + ag.seconds(root * elem_bytes) + rs.seconds(root * elem_bytes)
+
+
+def fsdp2_as_called(cfg: StepConfig, parts: HardwareParts) -> bool:
+    """FSDP2 on ranks whose FSDP2-as-called part was measured (planner.calibrate.
+    fsdp2_collectives): its per-group cost then holds the collectives, copies, hooks and waits."""
+    return (cfg.strategy == "fsdp2" and cfg.nproc > 1 and parts.fsdp2_fit(True, cfg.nproc) is not None
+            and parts.fsdp2_fit(False, cfg.nproc) is not None)
 
 
 def fsdp2_group_shapes(model: ModelSpec, seq_len: int) -> tuple[list[list[tuple[int, ...]]], list[tuple[int, ...]]]:
@@ -278,7 +317,8 @@ def engine_copy_seconds(cfg: StepConfig, parts: HardwareParts, elem_bytes: int =
     """The engines' own copies, each at the copy curve times the memory contention slowdown of
     its size with `ranks` ranks at once: DDP into and out of buckets (bytes read + written = 2 x
     the tensor's bytes); FSDP2's all-gather copy-in and copy-out, reduce-scatter copy-in (and
-    casts under a mixed-precision policy), bytes from torch 2.13's code (fsdp2_overhead.step_copies)."""
+    casts under a mixed-precision policy), bytes from torch 2.13's code (fsdp2_overhead.step_copies);
+    0 for FSDP2 when the FSDP2-as-called part was measured (it holds them)."""
     if cfg.nproc == 1 or cfg.strategy == "single":
         return 0.0
 
@@ -287,15 +327,17 @@ def engine_copy_seconds(cfg: StepConfig, parts: HardwareParts, elem_bytes: int =
 
     if cfg.strategy in ("ddp", "zero1"):
         return sum(2 * copy(2 * n * elem_bytes) for n in param_sizes(cfg.model, cfg.seq_len))
+    if fsdp2_as_called(cfg, parts):
+        return 0.0  # inside the FSDP2-as-called part
     blocks, root = fsdp2_group_shapes(cfg.model, cfg.seq_len)
     return sum(copy(b) for b in step_copies(blocks, root, cfg.nproc, orig_bytes=elem_bytes))
 
 
 def engine_hook_seconds(cfg: StepConfig, parts: HardwareParts, ranks: int = 1, with_collective: bool = False) -> float:
     """FSDP2's hooks: 4 per parameter group (the blocks and the root) per step, at the measured
-    per-hook overhead times the dispatch contention slowdown; 0 for the other engines and for a
-    parts file without the measurement."""
-    if cfg.strategy != "fsdp2" or cfg.nproc == 1 or parts.fsdp2_hook_s is None:
+    per-hook overhead times the dispatch contention slowdown; 0 for the other engines, for a
+    parts file without the measurement, and when the FSDP2-as-called part holds them."""
+    if cfg.strategy != "fsdp2" or cfg.nproc == 1 or parts.fsdp2_hook_s is None or fsdp2_as_called(cfg, parts):
         return 0.0
     groups = len(fsdp2_group_shapes(cfg.model, cfg.seq_len)[0]) + 1
     return hooks_per_step(groups) * parts.fsdp2_hook_s * parts.slowdown("dispatch", ranks, with_collective)
@@ -370,3 +412,17 @@ def predict_step(cfg: StepConfig, parts: HardwareParts) -> Prediction:
                       compute_contention_s=contended_compute_seconds(inv, cfg, parts) - alone,
                       communication_s=communication_seconds(cfg, parts), optimizer_s=optimizer,
                       optimizer_contention_s=optimizer - optimizer_alone)
+
+
+def with_step_shapes(parts: HardwareParts, configs: list[StepConfig], on_done=lambda: None) -> HardwareParts:
+    """`parts` plus every GEMM call of the configurations' forward + backward timed at its shape
+    and layout (planner.calibrate.shape_gemms), on rank 0's cores with the parts' threads."""
+    from planner.calibrate.procedure import pinned
+    from planner.calibrate.shape_gemms import measure
+
+    calls = [c for cfg in configs for c in inventory(cfg.model, cfg.seq_len, cfg.micro_batch).gemm_calls]
+    known = {s.call for s in parts.shape_gemms}
+    torch.set_num_threads(parts.threads_per_rank)
+    with pinned(0, parts.threads_per_rank, "cpu" if parts.backend == "gloo" else "cuda"):
+        new = measure([c for c in calls if c not in known], on_done=on_done)
+    return parts.model_copy(update={"shape_gemms": parts.shape_gemms + new})

@@ -104,9 +104,13 @@ def merge_with_collectives(old: dict | None, new: dict) -> dict:
     """Node / cluster files: new scalars win, collectives and sources merged by key."""
     if not old:
         return new
-    return {**old, **new,
-            "collectives": _merge_keyed(old.get("collectives", []), new.get("collectives", []), _coll_key),
-            "sources": {**old.get("sources", {}), **new["sources"]}}
+    merged = {**old, **new,
+              "collectives": _merge_keyed(old.get("collectives", []), new.get("collectives", []), _coll_key),
+              "sources": {**old.get("sources", {}), **new["sources"]}}
+    if "fsdp2_groups" in old or "fsdp2_groups" in new:
+        merged["fsdp2_groups"] = _merge_keyed(old.get("fsdp2_groups", []), new.get("fsdp2_groups", []),
+                                              lambda g: (g["schedule"], g["ranks"]))
+    return merged
 
 
 def slug(text: str) -> str:
@@ -166,8 +170,42 @@ def node_profile(parts: HardwareParts, name: str, gpu_name: str) -> dict:
     node |= _host_fields(parts, copy_gb_per_s)
     node["sources"] |= _host_sources(parts)
     node["collectives"] = [_collective_entry(c, where) for c in intra]
+    node |= _overhead_fields(parts)
+    node["sources"] |= _overhead_sources(parts)
+    if parts.fsdp2_collectives:
+        node["fsdp2_groups"] = [_fsdp2_entry(f, where) for f in parts.fsdp2_collectives]
     node["sources"] = node.pop("sources")  # last, as in the shipped profiles
     return node
+
+
+def _overhead_fields(parts: HardwareParts) -> dict:
+    """FSDP2's per-hook and the per-op Python + autograd overhead, microseconds, when measured."""
+    fields = {}
+    if parts.fsdp2_hook_s is not None:
+        fields["fsdp2_hook_us"] = round(parts.fsdp2_hook_s * US_PER_S, 3)
+    if parts.dispatch_per_op_s is not None:
+        fields["dispatch_per_op_us"] = round(parts.dispatch_per_op_s * US_PER_S, 3)
+    return fields
+
+
+def _overhead_sources(parts: HardwareParts) -> dict:
+    where = parts.where
+    sources = {}
+    if parts.fsdp2_hook_s is not None:
+        sources["fsdp2_hook_us"] = (f"{where}: FSDP2 tiny model minus the same model unsharded, per hook "
+                                    "(planner/calibrate/fsdp2_overhead.py)")
+    if parts.dispatch_per_op_s is not None:
+        sources["dispatch_per_op_us"] = (f"{where}: tiny GPT-2 forward + backward minus the parts' prediction of it, "
+                                         "per recorded op (planner/calibrate/dispatch.py)")
+    return sources
+
+
+def _fsdp2_entry(f, where: str) -> dict:
+    return {"schedule": "block" if f.resharded else "root", "ranks": f.ranks,
+            "latency_us": round(f.fit.latency_s * US_PER_S, 2), "group_gb_per_s": round(f.fit.bytes_per_s / GB, 4),
+            "source": f"{where}: FSDP2 Linear stack on {f.ranks} ranks minus unsharded, per group, "
+                      f"{len(f.sizes_bytes)} group sizes {f.sizes_bytes[0]:.0f}-{f.sizes_bytes[-1]:.0f} B, alpha-beta fit "
+                      "(planner/calibrate/fsdp2_collectives.py)"}
 
 
 def _host_fields(parts: HardwareParts, copy_gb_per_s: float) -> dict:

@@ -355,6 +355,20 @@ class CollectivePoint(Frozen):
     source: str
 
 
+class Fsdp2GroupPoint(Frozen):
+    """FSDP2's cost per parameter group per step as FSDP2 calls its collectives (copies, hooks and
+    waits included), measured by `zplan calibrate hardware` (planner.calibrate.fsdp2_collectives):
+    t(group bytes) = latency + group bytes / group bandwidth."""
+
+    schedule: Literal["block", "root"]
+    """`block`: resharded after forward (two all-gathers, one reduce-scatter); `root`: gathered once."""
+    ranks: int = Field(gt=1)
+    latency_us: float = Field(ge=0)
+    group_gb_per_s: float = Field(gt=0)
+    """Parameter bytes of the group per second of the fitted slope, GB/s."""
+    source: str
+
+
 class GpuSpec(Frozen):
     """One accelerator. Every number has a `sources` entry (vendor sheet)."""
 
@@ -459,6 +473,12 @@ class NodeSpec(Frozen):
     """Optimizer step throughput of the host CPUs for offloaded Adam, parameters per second."""
     collectives: tuple[CollectivePoint, ...] = ()
     """Measured intra-node collectives (`zplan calibrate hardware`), each with its own source."""
+    fsdp2_hook_us: float | None = Field(default=None, ge=0)
+    """FSDP2's overhead per hook (four per parameter group per step), microseconds (`zplan calibrate hardware`)."""
+    dispatch_per_op_us: float | None = Field(default=None, ge=0)
+    """Python + autograd overhead per op of a real forward + backward, microseconds (`zplan calibrate hardware`)."""
+    fsdp2_groups: tuple[Fsdp2GroupPoint, ...] = ()
+    """FSDP2 per-group cost as called, each with its own source (`zplan calibrate hardware`)."""
     sources: dict[str, str]
     """Citation for each numeric field, keyed by field name."""
 
@@ -483,7 +503,8 @@ class NodeSpec(Frozen):
         _require_sources(
             self,
             ("gpus_per_node", "intra_node_gb_per_s", "intra_node_latency_us", "pcie_gb_per_s",
-             "cpu_memory_gib"),
+             "cpu_memory_gib")
+            + tuple(f for f in ("fsdp2_hook_us", "dispatch_per_op_us") if getattr(self, f) is not None),
         )
         return self
 

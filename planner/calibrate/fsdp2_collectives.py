@@ -1,0 +1,114 @@
+"""FSDP2's collectives as FSDP2 calls them, measured on the ranks of a node: a part.
+
+The collectives part times the bare `all_gather_into_tensor` / `reduce_scatter_tensor` (SUM)
+between barriers. Inside FSDP2 (torch 2.13.0, torch/distributed/fsdp/_fully_shard/) the same
+bytes go through a different path:
+- `_fsdp_collectives.foreach_all_gather` issues `dist.all_gather_single(output, input,
+  async_op=...)` (`DefaultAllGather.__call__`) on the group's flat buffer after the copy-in, and
+  `FSDPParamGroup.wait_for_unshard` waits on the work, then `foreach_all_gather_copy_out`;
+  `all_gather_into_tensor` is a deprecated alias of the same call (distributed_c10d.py), so
+  gloo runs the same allgather either way (no fallback differs);
+- `foreach_reduce` issues `dist.reduce_scatter_single(..., op=ReduceOp.AVG)` for fp32
+  gradients (`_get_gradient_divide_factors`: no pre/post division for fp32 / bf16), after the
+  `chunk_cat` copy-in;
+- on a CPU every `device_handle.stream(...)` is the one CPU stream, and gloo runs the collective
+  on its own threads pinned to the rank's cores, so time the rank waits for the peer, the copy-in
+  / copy-out, the hooks and the collective all land on the step.
+So the part is FSDP2 itself: a stack of `GROUPS` bias-free `Linear(w, w)` blocks, each its own
+`fully_shard` group, applied to one row (compute negligible), forward + backward on every rank
+of the node at once, minus the same stack unsharded, per group:
+
+    c(B) = (t_sharded - t_plain) / GROUPS,   B = 4·w² bytes of a group's fp32 parameters
+
+over widths `WIDTHS`, fitted to α + B/β (planner.calibrate.fits.fit_alpha_beta). Measured twice:
+with `reshard_after_forward=True` (a block: all-gather before forward and again before backward,
+one reduce-scatter) and `False` (FSDP2's root: gathered once, one reduce-scatter). The predictor
+uses c_block(B) per block and c_root(B) for the root in place of the bare collectives, FSDP2's
+copies and its hooks (all inside c).
+"""
+
+from __future__ import annotations
+
+import statistics
+
+from planner.calibrate.fits import AlphaBeta, fit_alpha_beta
+from planner.core.spec import Frozen
+
+GROUPS = 4
+WIDTHS = (128, 256, 512, 1024, 1536)
+"""Group parameter bytes 64 KiB .. 9 MiB (the held-apart models' blocks are 0.4-12 MiB)."""
+
+
+class Fsdp2CollectiveFit(Frozen):
+    """Per-group FSDP2 cost by group bytes, raw points and fit; `resharded` = a block's schedule."""
+
+    resharded: bool
+    ranks: int
+    sizes_bytes: tuple[float, ...]
+    times_s: tuple[float, ...]
+    fit: AlphaBeta
+
+
+def group_bytes(width: int, elem_bytes: int = 4) -> int:
+    """Parameter bytes of one probe group: a bias-free Linear(width, width)."""
+    return width * width * elem_bytes
+
+
+def per_group_seconds(sharded_s: float, plain_s: float, groups: int = GROUPS) -> float:
+    """(sharded - plain) / groups, at least 0."""
+    return max(0.0, (sharded_s - plain_s) / groups)
+
+
+def fitted(resharded: bool, ranks: int, widths, per_group_s) -> Fsdp2CollectiveFit:
+    sizes = [float(group_bytes(w)) for w in widths]
+    return Fsdp2CollectiveFit(resharded=resharded, ranks=ranks, sizes_bytes=tuple(sizes),
+                              times_s=tuple(per_group_s), fit=fit_alpha_beta(sizes, per_group_s))
+
+
+def measure(group, device, widths=WIDTHS, rounds: int = 3, reps: int = 5) -> list[Fsdp2CollectiveFit]:
+    """Both schedules on `group` (every rank of it calls this); every rank returns the fits."""
+    import torch
+    import torch.distributed as dist
+
+    ranks = dist.get_world_size(group)
+    out = []
+    for resharded in (True, False):
+        times = [_one_width(torch, dist, group, device, w, resharded, rounds, reps) for w in widths]
+        out.append(fitted(resharded, ranks, widths, [max(t, 1e-9) for t in times]))
+    return out
+
+
+def _one_width(torch, dist, group, device, width: int, resharded: bool, rounds: int, reps: int) -> float:
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.fsdp import fully_shard
+
+    from planner.calibrate.hardware import now, sync
+
+    torch.manual_seed(0)
+    plain = torch.nn.Sequential(*(torch.nn.Linear(width, width, bias=False) for _ in range(GROUPS))).to(device)
+    sharded = torch.nn.Sequential(*(torch.nn.Linear(width, width, bias=False) for _ in range(GROUPS))).to(device)
+    mesh = DeviceMesh.from_group(group, device.type)
+    for block in sharded:
+        fully_shard(block, mesh=mesh, reshard_after_forward=resharded)
+    fully_shard(sharded, mesh=mesh, reshard_after_forward=resharded)
+    x = torch.randn(1, width, device=device)
+
+    def step(net) -> float:
+        dist.barrier(group=group)
+        sync(device)
+        start = now()
+        net(x).sum().backward()
+        sync(device)
+        seconds = now() - start
+        for p in net.parameters():
+            p.grad = None
+        return seconds
+
+    for net in (plain, sharded, plain, sharded):
+        step(net)
+    diffs = []
+    for _ in range(rounds):
+        t_plain = statistics.median(step(plain) for _ in range(reps))
+        t_sharded = statistics.median(step(sharded) for _ in range(reps))
+        diffs.append(per_group_seconds(t_sharded, t_plain))
+    return statistics.median(diffs)
