@@ -273,6 +273,8 @@ def data_dp_engine(run: PublicRun) -> str:
 def data_category(run: PublicRun) -> str:
     if run.category == "moe":
         return "moe"
+    if run.dp_shard is not None and run.dp_shard < run.dp:
+        return "hsdp"  # reported apart: evaluated once, after HSDP was built (session 12, h10)
     if data_zero_stage(run) == 3 or "fsdp" in run.engine:
         return "zero3-fsdp"
     if run.gpu.startswith("a100"):
@@ -343,7 +345,7 @@ def data_row_build(run: PublicRun, level: float | None = None
     fused = run.model.num_kv_heads is not None or run.engine.startswith("megatron-core")
     layout = Layout(tp=run.tp, pp=run.pp, dp=run.dp, cp=run.cp, zero_stage=data_zero_stage(run),
                     virtual_stages=run.virtual_stages,
-                    dp_engine=data_dp_engine(run),
+                    dp_engine=data_dp_engine(run), dp_shard=run.dp_shard,
                     recompute=recompute, micro_batch=run.micro_batch, grad_accum=m,
                     first_stage_layers=first, last_stage_layers=last,
                     sequence_parallel=(fused and run.tp > 1 if run.sequence_parallel is None
@@ -481,9 +483,12 @@ seen while the stage placement was built (t10d); out_of_sample_7 (the later dgxc
 releases) is the held-out split."""
 
 
-def split_group_report(rows, split: str = "out_of_sample_4") -> list[str]:
+def split_group_report(rows, split: str = "out_of_sample_4", label: str | None = None
+                       ) -> list[str]:
     """Mean / max |error| of one split's rows by GPU and by single node (8 GPUs) vs multi-node
-    (the grouping fixed with the FOURTH SPLIT RULE, before the split's errors were computed)."""
+    (the grouping fixed with the FOURTH SPLIT RULE, before the split's errors were computed);
+    `label` names the rows when they are not the split's label (the HSDP rows)."""
+    label = label or SPLIT_LABELS[split]
     runs = {r.name: r for r in load_runs()}
     lines = [f"{'split':<16} {'gpu':<10} {'nodes':<6} {'rows':>4} {'mean |err|':>10} "
              f"{'max |err|':>9} {'mean err':>9}"]
@@ -492,7 +497,7 @@ def split_group_report(rows, split: str = "out_of_sample_4") -> list[str]:
         for nodes, pick in (("1", lambda n: n <= 8), (">1", lambda n: n > 8), ("all", bool)):
             errs = [e for run, e in sel if run.gpu == gpu and pick(run.num_gpus)]
             if errs:
-                lines.append(f"{SPLIT_LABELS[split]:<16} {gpu:<10} {nodes:<6} {len(errs):>4} "
+                lines.append(f"{label:<16} {gpu:<10} {nodes:<6} {len(errs):>4} "
                              f"{sum(map(abs, errs)) / len(errs):>9.1f}% "
                              f"{max(map(abs, errs)):>8.1f}% {sum(errs) / len(errs):>+8.1f}%")
     return lines
@@ -594,9 +599,13 @@ def main(argv: list[str] | None = None) -> None:
     print("\n".join(split_group_report(rows)))
     print("\nout_of_sample_5 (NVIDIA dgxc-benchmarking v25.01, NeMo BF16 on H100, seen since s12) by model")
     print("\n".join(split_family_report(rows)))
-    print("\nout_of_sample_6 (IBM / PyTorch fms-fsdp, FSDP1 FULL_SHARD; HSDP and every-k-th-block AC"
+    print("\nout_of_sample_6 (IBM / PyTorch fms-fsdp, FSDP1 FULL_SHARD; every-k-th-block AC"
           " rows not modelled) by GPU and nodes")
-    print("\n".join(split_group_report(rows, "out_of_sample_6")))
+    print("\n".join(split_group_report([r for r in rows if r[2] != "hsdp"], "out_of_sample_6")))
+    print("\nout_of_sample_6 HSDP rows (fms-fsdp HYBRID_SHARD, dp_shard 8), evaluated once after"
+          " HSDP was built (session 12, h10), by GPU and nodes")
+    print("\n".join(split_group_report([r for r in rows if r[2] == "hsdp"], "out_of_sample_6",
+                                        "oos_6 HSDP")))
     print("\nout_of_sample_7 (NVIDIA dgxc-benchmarking v25.05.05 / v25.04.02, NeMo BF16 on GB200 "
           "and current-software H100) by GPU and model")
     print("\n".join(split_gpu_report(rows)))

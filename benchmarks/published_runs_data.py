@@ -112,6 +112,9 @@ class PublicRun(Frozen):
     inter_node_gb_per_s: float | None = Field(default=None, gt=0)
     """The node's inter-node network bandwidth the source states (GB/s per node per direction);
     None: the shipped cluster profile's."""
+    dp_shard: int | None = Field(default=None, gt=0)
+    """The HSDP shard group size the source's configuration gives (`Layout.dp_shard`); None:
+    sharded over the whole data-parallel group."""
     not_modelled: str | None = None
     """Why the planner cannot rebuild this row (fixed with the row, before any error): the row is
     listed but never evaluated."""

@@ -405,9 +405,13 @@ def test_fms_rows_selection():
     # (HSDP) and the 13B rows (every-k-th-block AC) marked not_modelled before any error.
     assert len(FMS_ROWS) == 8
     assert {r.gpu: r.num_gpus for r in FMS_ROWS} == {"a100-80gb": 128, "h100-sxm": 96}
+    # session 12 (h10): the 7B rows' not_modelled was lifted once HSDP (Layout.dp_shard) was
+    # committed, with dp_shard 8 = one node's GPUs (fms-fsdp 4ffb9bd HYBRID_SHARD without a
+    # process group); the 13B rows stay not_modelled
     not_modelled = sorted(r.name for r in FMS_ROWS if r.not_modelled)
-    assert not_modelled == sorted(["fms-llama2-7b-a100-128gpu", "fms-llama2-7b-h100-96gpu",
-                                   "fms-llama2-13b-a100-128gpu", "fms-llama2-13b-h100-96gpu"])
+    assert not_modelled == sorted(["fms-llama2-13b-a100-128gpu", "fms-llama2-13b-h100-96gpu"])
+    hsdp = sorted((r.name, r.dp_shard) for r in FMS_ROWS if r.dp_shard is not None)
+    assert hsdp == [("fms-llama2-7b-a100-128gpu", 8), ("fms-llama2-7b-h100-96gpu", 8)]
     for r in FMS_ROWS:
         assert r.tp == r.pp == 1 and r.dp == r.num_gpus and r.micro_batch == 2, r.name
         assert r.global_batch == 2 * r.num_gpus, r.name  # batch size 2 per GPU, no accumulation

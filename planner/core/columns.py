@@ -30,10 +30,11 @@ CODED = {"offload_optimizer": OFFLOAD_TARGETS, "offload_params": OFFLOAD_TARGETS
 """Literal fields stored as the index of their value."""
 FIELDS = ("tp", "pp", "dp", "ep", "virtual_stages", "zero_stage", "offload_optimizer", "offload_params",
           "recompute", "recompute_every_k", "sequence_parallel", "micro_batch", "grad_accum",
-          "first_stage_layers", "last_stage_layers", "dp_engine", "cp", "cp_comm_type")
+          "first_stage_layers", "last_stage_layers", "dp_engine", "cp", "cp_comm_type", "dp_shard")
 """The varying Layout fields, each one column."""
-OPTIONAL = ("first_stage_layers", "last_stage_layers")
-"""Fields whose None is stored as 0 (a column may be absent: the even split)."""
+OPTIONAL = ("first_stage_layers", "last_stage_layers", "dp_shard")
+"""Fields whose None is stored as 0 (a column may be absent: the even split, the whole dp
+group; the sweep adds `dp_shard` only when it is pinned)."""
 
 
 class LayoutColumns(Mapping[str, np.ndarray]):

@@ -33,11 +33,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from planner.core.columns import OFFLOAD_TARGETS, RECOMPUTE_MODES, LayoutColumns
+from planner.core.columns import DP_ENGINES, OFFLOAD_TARGETS, RECOMPUTE_MODES, LayoutColumns
 from planner.core.errors import PlanInputError
 from planner.core.spec import Cluster, ModelSpec, TrainSetup, ceil_div
 
 NVME = OFFLOAD_TARGETS.index("nvme")
+FSDP2 = DP_ENGINES.index("fsdp2")
 EVERY_K = RECOMPUTE_MODES.index("every_k")
 HF_RECOMPUTE = (RECOMPUTE_MODES.index("none"), RECOMPUTE_MODES.index("full"))
 """transformers' models recompute nothing or whole blocks (gradient checkpointing)."""
@@ -192,6 +193,29 @@ def _uses_nvme(c: LayoutColumns) -> np.ndarray:
     return (c["offload_optimizer"] == NVME) | (c["offload_params"] == NVME)
 
 
+def _dp_shard_ok(x: Context, c: LayoutColumns) -> np.ndarray:
+    """dp_shard (0 = the whole group) divides dp; below dp (HSDP) only with an engine that has
+    it: FSDP2 (`fully_shard(mesh=(replicate, shard))`, torch 2.13) or FSDP1 HYBRID_SHARD /
+    _HYBRID_SHARD_ZERO2 (torch/distributed/fsdp/api.py), both run as dp_engine fsdp2 at
+    zero_stage 3 / 2. DeepSpeed's MiCS is not modelled: refused."""
+    shard, dp = c["dp_shard"], c["dp"]
+    whole = (shard == 0) | (shard == dp)
+    hybrid = (dp % np.maximum(shard, 1) == 0) & (shard < dp) & (c["dp_engine"] == FSDP2) \
+        & (c["zero_stage"] >= 2)
+    return whole | hybrid
+
+
+def _dp_shard_message(x: Context, r: dict[str, int]) -> str:
+    shard, dp, zero = r["dp_shard"], r["dp"], r["zero_stage"]
+    engine = "fsdp2" if r["dp_engine"] == FSDP2 else "deepspeed"
+    if shard > dp or dp % shard:
+        return (f"dp_shard={shard} must divide dp={dp} (HSDP: dp / dp_shard replicas of a "
+                f"dp_shard-rank shard group)")
+    return (f"dp_shard={shard} < dp={dp} (HSDP) needs dp_engine=fsdp2 with zero_stage 3 "
+            f"(HYBRID_SHARD) or 2 (_HYBRID_SHARD_ZERO2), got dp_engine={engine}, zero_stage="
+            f"{zero}; DeepSpeed's MiCS (mics_shard_size) is not modelled")
+
+
 def _world_message(x: Context, r: dict[str, int]) -> str:
     cp = r.get("cp", 1)
     names, values = ("tp*cp*pp*dp", [r["tp"], cp, r["pp"], r["dp"]]) if cp > 1 else \
@@ -202,6 +226,9 @@ def _world_message(x: Context, r: dict[str, int]) -> str:
     return (f"{names} = {'*'.join(map(str, values))} = {product} must equal the cluster's GPUs "
             f"{x.cluster.num_gpus} ({x.cluster.num_nodes} nodes x {x.cluster.node.gpus_per_node})")
 
+
+DP_SHARD_RULE = "dp_shard must divide dp; HSDP needs FSDP2 at ZeRO-2/3"
+"""Name of the HSDP rule (the sweep applies it to its pinned dp_shard column)."""
 
 TP_RULE_NAME = "tp must divide heads and the MLP width, and divide or be a multiple of the kv heads"
 """Name of the tp rule (the sweep prints it; activations.check_tp checks it by name)."""
@@ -272,6 +299,8 @@ RULES: tuple[Rule, ...] = LAYOUT_RULES + (
          _world_message),
     Rule(TP_RULE_NAME, "tp", ("tp",),
          _tp_divides, _tp_message),
+    Rule(DP_SHARD_RULE, "dp_shard",
+         ("dp", "dp_shard", "dp_engine", "zero_stage"), _dp_shard_ok, _dp_shard_message),
     Rule("pp*virtual_stages must not exceed the layers", "pp", ("pp", "virtual_stages"),
          lambda x, c: c["pp"] * c["virtual_stages"] <= x.model.num_layers,
          lambda x, r: (f"pp*virtual_stages = {r['pp']}*{r['virtual_stages']} must not exceed "

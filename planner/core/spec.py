@@ -624,6 +624,11 @@ class Layout(Frozen):
     dp: int = Field(default=1, gt=0)
     """Data-parallel degree (Nd): ranks that see different sequences. ZeRO / the distributed
     optimizer partitions over dp x cp ranks (Megatron's data-and-context-parallel group)."""
+    dp_shard: int | None = Field(default=None, gt=0)
+    """HSDP shard group size: states sharded over dp_shard ranks and replicated over
+    dp / dp_shard groups (torch 2.13 `fully_shard(mesh=2-D (replicate, shard))`; FSDP1
+    `ShardingStrategy.HYBRID_SHARD` / `_HYBRID_SHARD_ZERO2`). None: the whole dp group. Must
+    divide dp; needs dp_engine fsdp2 (rules.py; docs/collectives.md "HSDP")."""
     ep: int = Field(default=1, gt=0)
     """Expert-parallel degree (Megatron `--expert-model-parallel-size`): the routed experts of
     every MoE layer are split over `ep` ranks carved out of the dp ranks (Megatron-Core

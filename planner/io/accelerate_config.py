@@ -14,7 +14,9 @@ Mapping (the planner's fields; `num_processes` counts processes over all machine
   true (accelerate's default) = ZeRO-3, false = ZeRO-2. `fsdp_version` 1 (accelerate's default
   when absent, utils/launch.py `prepare_multi_gpu_env`): FULL_SHARD = ZeRO-3, SHARD_GRAD_OP =
   ZeRO-2, NO_SHARD = ZeRO-0, planned with ZeRO's accounting (said in a note: zplan has no FSDP1
-  model); HYBRID_SHARD is refused. `fsdp_offload_params` moves parameters, gradients and the
+  model); HYBRID_SHARD / HYBRID_SHARD_ZERO2 = dp_engine fsdp2 (HSDP) at ZeRO-3 / ZeRO-2 with
+  dp_shard = num_processes / num_machines (the node's GPUs). FSDP2 HSDP: `parallelism_config`
+  `parallelism_config_dp_shard_size` (x `_dp_replicate_size` = num_processes) is dp_shard. `fsdp_offload_params` moves parameters, gradients and the
   optimizer step to the CPU: offload both. `fsdp_activation_checkpointing`: recompute=full.
   DEEPSPEED: `deepspeed_config_file` is read as a DeepSpeed config (planner.io.deepspeed), else
   `zero_stage`, `offload_*_device` and `gradient_accumulation_steps` make one.
@@ -65,8 +67,18 @@ DEEPSPEED_KEYS = frozenset((
 DISTRIBUTED_TYPES = ("NO", "MULTI_GPU", "FSDP", "DEEPSPEED")
 AUTOCAST_RECIPES = {"no": "fp32", "bf16": "autocast-bf16", "fp16": "autocast-fp16"}
 DEEPSPEED_RECIPES = {"no": "fp32", "bf16": "bf16-mixed", "fp16": "zero-fp16"}
-FSDP1_ZERO = {"FULL_SHARD": 3, "SHARD_GRAD_OP": 2, "NO_SHARD": 0, 1: 3, 2: 2, 3: 0}
-"""FSDP1 sharding strategies (by name or accelerate's 1-based number) as ZeRO stages."""
+FSDP1_ZERO = {"FULL_SHARD": 3, "SHARD_GRAD_OP": 2, "NO_SHARD": 0, "HYBRID_SHARD": 3,
+              "HYBRID_SHARD_ZERO2": 2, 1: 3, 2: 2, 3: 0, 4: 3, 5: 2}
+"""FSDP1 sharding strategies (by name or accelerate's 1-based number, utils/constants.py
+FSDP_SHARDING_STRATEGY) as ZeRO stages."""
+FSDP1_HYBRID = ("HYBRID_SHARD", "HYBRID_SHARD_ZERO2", 4, 5)
+"""torch/distributed/fsdp/api.py ShardingStrategy.HYBRID_SHARD / _HYBRID_SHARD_ZERO2: FULL_SHARD
+resp. SHARD_GRAD_OP within a node, replicated across nodes (`_init_utils.py`
+`_init_intra_and_inter_node_groups`: the shard group is the node's GPUs)."""
+PARALLELISM_KEYS = ("parallelism_config_dp_replicate_size", "parallelism_config_dp_shard_size")
+"""The `parallelism_config` keys read (accelerate 1.15.0 launch.py: copied as-is to the launch
+arguments; utils/launch.py sets PARALLELISM_CONFIG_DP_REPLICATE_SIZE / _DP_SHARD_SIZE): FSDP2's
+2-D mesh (replicate, shard), HSDP."""
 
 
 def read_accelerate_config(path: Path) -> dict[str, Any]:
@@ -140,11 +152,46 @@ def fsdp_fields(section: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
         strategy = _choice(section, "fsdp_sharding_strategy", tuple(FSDP1_ZERO), "FULL_SHARD",
                            f"{FIELD}.fsdp_config")
         fields["zero_stage"] = FSDP1_ZERO[strategy]
+        if strategy in FSDP1_HYBRID:  # dp_shard (the node's GPUs) set by job_from_accelerate
+            fields |= {"dp_engine": "fsdp2", "dp_shard": "node"}
+            notes.append(f"fsdp_sharding_strategy {strategy} (FSDP1 HSDP) planned with FSDP2's "
+                         "HSDP schedule over the same groups: shard within a node, all-reduce "
+                         "across nodes")
+            return fields | _offload(offload), notes
         notes.append(f"fsdp_version 1 (FlatParameter FSDP) planned with ZeRO-{fields['zero_stage']}'s "
                      "accounting: zplan models FSDP2 (fsdp_version: 2) and DeepSpeed, not FSDP1")
-    if offload:
-        fields |= {"offload_optimizer": "cpu", "offload_params": "cpu"}
-    return fields, notes
+    return fields | _offload(offload), notes
+
+
+def _offload(offload: bool) -> dict[str, Any]:
+    return {"offload_optimizer": "cpu", "offload_params": "cpu"} if offload else {}
+
+
+def hsdp_shard(config: dict[str, Any], fields: dict[str, Any], processes: int) -> int | None:
+    """dp_shard of an FSDP config: FSDP1 HYBRID_SHARD shards over one machine's processes
+    (num_processes / num_machines); FSDP2 over `parallelism_config_dp_shard_size`, whose product
+    with the replicate size must be num_processes. None: the whole group."""
+    section = config.get("parallelism_config") or {}
+    where = f"{FIELD}.parallelism_config"
+    if fields.get("dp_shard") == "node":
+        machines = config.get("num_machines", 1)
+        if not isinstance(machines, int) or machines < 1 or processes % machines:
+            raise PlanInputError(f"{FIELD}.num_machines", f"{machines!r} must be a positive "
+                                 f"divisor of num_processes={processes} for HYBRID_SHARD")
+        return processes // machines
+    if not section:
+        return None
+    if not isinstance(section, dict) or set(section) - set(PARALLELISM_KEYS):
+        raise PlanInputError(where, f"only {', '.join(PARALLELISM_KEYS)} are read (accelerate's "
+                             "tp / cp / sp sizes are not); plan those with a job file")
+    if fields.get("dp_engine") != "fsdp2":
+        raise PlanInputError(where, "needs distributed_type FSDP with fsdp_version 2")
+    replicate, shard = (section.get(k, 1) for k in PARALLELISM_KEYS)
+    if not all(isinstance(v, int) and v >= 1 for v in (replicate, shard)) \
+            or replicate * shard != processes:
+        raise PlanInputError(where, f"dp_replicate_size={replicate!r} x dp_shard_size={shard!r} "
+                             f"must be positive integers whose product is num_processes={processes}")
+    return shard
 
 
 def deepspeed_job(config: dict[str, Any], path: Path, dp: int, batch: dict[str, Any],
@@ -201,9 +248,9 @@ def job_from_accelerate(config: dict[str, Any], path: Path, *, num_gpus: int, hi
     if config.get("use_cpu"):
         raise PlanInputError(f"{FIELD}.use_cpu", "true runs on CPUs; zplan plans GPU training")
     kind = _choice(config, "distributed_type", DISTRIBUTED_TYPES, "NO")
-    if config.get("parallelism_config"):
-        raise PlanInputError(f"{FIELD}.parallelism_config", "accelerate's ND parallelism (tp / cp "
-                             "sizes) is not read; remove it or plan the layout with a job file")
+    if config.get("parallelism_config") and kind != "FSDP":
+        raise PlanInputError(f"{FIELD}.parallelism_config", "accelerate's ND parallelism needs "
+                             "distributed_type FSDP (fsdp_version 2); only its dp sizes are read")
     notes = []
     backend = (config.get("dynamo_config") or {}).get("dynamo_backend", "NO")
     if str(backend).upper() != "NO":
@@ -218,6 +265,7 @@ def job_from_accelerate(config: dict[str, Any], path: Path, *, num_gpus: int, hi
     fields: dict[str, Any] = {}
     if kind == "FSDP":
         fields, notes = fsdp_fields(config["fsdp_config"])
+        fields["dp_shard"] = hsdp_shard(config, fields, num_gpus)
     if recompute is not None:
         fields["recompute"] = recompute
     mixed = _choice(config, "mixed_precision", tuple(AUTOCAST_RECIPES), "no")

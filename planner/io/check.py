@@ -111,7 +111,7 @@ def check_accelerate(path: Path, model: ModelSpec, cluster: Cluster, *, num_gpus
     processes = num_processes(config, num_gpus)
     hardware = cluster_with_gpus(cluster, processes)
     unused = sorted(k for k, v in numbers.items() if v is not None
-                    and k not in ("micro_batch", "grad_accum", "global_batch", "recompute"))
+                    and k not in ("micro_batch", "grad_accum", "global_batch", "recompute", "dp_shard"))
     if unused:
         raise PlanInputError("--" + unused[0].replace("_", "-"), "not used with --accelerate-config "
                              "(accelerate runs data parallel: tp = pp = 1)")
@@ -120,11 +120,14 @@ def check_accelerate(path: Path, model: ModelSpec, cluster: Cluster, *, num_gpus
                                                              "global_batch", "recompute")})
     setup = make_setup(seq_len, job.global_batch, tokens, job.precision, optimizer)
     notes = job.notes
+    layout = job.layout
+    if numbers.get("dp_shard") is not None:  # --dp-shard over the file's HSDP shard size
+        layout = Layout(**(layout.model_dump() | {"dp_shard": numbers["dp_shard"]}))
     if implementation is None:
         implementation = "hf-sdpa"
         notes = (*notes, "accelerate config: implementation=hf-sdpa assumed (transformers' default "
                          "attention); --implementation to change")
-    return check(model, hardware, job.layout, setup, "accelerate", notes,
+    return check(model, hardware, layout, setup, "accelerate", notes,
                  reserve_gib=reserve_gib, cpu_mem_gib=cpu_mem_gib, implementation=implementation,
                  host_accounting=host_accounting)
 

@@ -53,6 +53,11 @@ _FSDP2 = "torch 2.13 torch/distributed/fsdp/_fully_shard/_fully_shard.py (fully_
 _ACCEL = "accelerate 1.15.0"
 
 
+def _hsdp(l: Layout) -> bool:
+    """States sharded over a dp_shard group smaller than dp (FSDP2 / FSDP1 hybrid only)."""
+    return l.dp_shard is not None and l.dp_shard < l.dp
+
+
 def _tp_wider_than_kv(m: ModelSpec, l: Layout, p: PrecisionRecipe) -> bool:
     """tp > num_kv_heads (standard attention): Megatron replicates the kv heads
     (params.kv_heads_per_rank); the engines below do not."""
@@ -72,7 +77,14 @@ RULES: tuple[EngineRule, ...] = (
                f"{_MEGATRON} L1035: '--use-torch-fsdp2 is not supported with pipeline parallelism'"),
     EngineRule("megatron-lm", lambda m, l, p: bool(l.tempo),
                "has no Tempo (in-place GELU/LayerNorm) kernels", f"{_MEGATRON}: no such flag"),
+    EngineRule("megatron-lm", lambda m, l, p: _hsdp(l),
+               "shards over the whole data-parallel group (no HSDP shard group for its "
+               "distributed optimizer)",
+               f"{_MEGATRON}: --use-distributed-optimizer shards over the dp x cp group"),
     # ---------------------------------------------------------------- DeepSpeed
+    EngineRule("deepspeed", lambda m, l, p: _hsdp(l),
+               "HSDP (dp_shard < dp) would be MiCS (mics_shard_size), which zplan does not model",
+               f"{_DS} deepspeed/runtime/zero/mics.py"),
     EngineRule("deepspeed", lambda m, l, p: l.pp > 1 and l.zero_stage >= 2,
                "pipeline parallelism runs with ZeRO-0/1 only",
                f"{_DS} deepspeed/runtime/pipe/engine.py PipelineEngine.__init__: assert "

@@ -66,6 +66,7 @@ def accelerate_fsdp_config(cluster: Cluster, layout: Layout, setup: TrainSetup) 
             "fsdp_cpu_ram_efficient_loading": True,
             "fsdp_state_dict_type": "SHARDED_STATE_DICT",
         },
+        **_hsdp_mesh(layout),
         "mixed_precision": _MIXED_PRECISION[setup.precision.name],
         "machine_rank": 0,  # machine k of several overrides it with --machine_rank k
         "num_machines": nnodes,
@@ -73,6 +74,17 @@ def accelerate_fsdp_config(cluster: Cluster, layout: Layout, setup: TrainSetup) 
         "main_process_port": MAIN_PROCESS_PORT,
         "use_cpu": False,
     }
+
+
+def _hsdp_mesh(layout: Layout) -> dict[str, Any]:
+    """HSDP (dp_shard < dp): accelerate 1.15.0's `parallelism_config` with the 2-D mesh
+    (dp / dp_shard replicas, dp_shard shards; launch.py `--parallelism_config_dp_replicate_size`
+    / `_dp_shard_size`, copied from the config file as-is), which accelerate hands to
+    `fully_shard(mesh=...)`. Nothing for the whole-group sharding."""
+    if layout.dp_shard is None or layout.dp_shard == layout.dp:
+        return {}
+    return {"parallelism_config": {"parallelism_config_dp_replicate_size": layout.dp // layout.dp_shard,
+                                   "parallelism_config_dp_shard_size": layout.dp_shard}}
 
 
 def launch_hint(cluster: Cluster, layout: Layout, config_file: str = "<this file>",

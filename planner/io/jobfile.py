@@ -8,6 +8,7 @@ layout: {tp: 8, pp: 8, dp: 8, zero_stage: 1, micro_batch: 1, recompute: full}
 setup: {seq_len: 2048, global_batch: 1536, train_tokens: 300e9, precision: zero-fp16, optimizer: adam}
 ```
 `layout.grad_accum` may be left out: it is global_batch / (micro_batch * dp) when that divides.
+HSDP adds `layout.dp_shard` (shard group size, dividing dp; dp_engine fsdp2 at zero_stage 2 or 3).
 MoE runs add `layout.ep` (expert parallelism) and, in `setup`, `moe_capacity_factor` /
 `moe_load_imbalance` (docs/moe.md).
 Relative paths are taken from the job file's folder. Errors name the job file and the field.

@@ -90,7 +90,21 @@ def shard_ranks(cols: LayoutColumns):
     get_data_and_context_parallel_group(with_context_parallel=True)`, Megatron-LM commit
     d98e8a64); DeepSpeed partitions ZeRO over its sequence-data-parallel group under Ulysses
     (`runtime/engine.py`: `partition_group = self.seq_data_parallel_group`, commit edaa7221)."""
-    return cols["dp"] * cols.get("cp", 1)
+    return shard_degree(cols) * cols.get("cp", 1)
+
+
+def shard_degree(cols: LayoutColumns):
+    """Data-parallel ranks the sharded states are split over: dp, or the HSDP shard group
+    `dp_shard` where given (0 / absent: the whole group). torch 2.13
+    `torch/distributed/fsdp/_fully_shard/_fully_shard.py` (`fully_shard(mesh)`: a 2-D mesh
+    shards over its last dim and replicates over its first) and FSDP1 `api.py`
+    (HYBRID_SHARD: FULL_SHARD within the shard group, replicated across groups): each rank
+    holds 1/dp_shard of the states."""
+    dp = cols["dp"]
+    if "dp_shard" not in cols:
+        return dp
+    given = np.asarray(cols["dp_shard"])
+    return np.where(given > 0, given, dp)
 
 
 def partition_numel(num_params, dp):

@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from planner.memory import activations, experts, model_states, peak
+from planner.memory.model_states import shard_degree
 from planner.core import params
 from planner.core import rules
 from planner.core.columns import DP_ENGINES, LayoutColumns
@@ -152,7 +153,7 @@ def stage_loss_and_temps(model: ModelSpec, setup: TrainSetup, cols: LayoutColumn
     bytes) of one stage per layout row (planner.memory.peak)."""
     loss = np.where(last, peak.stage_loss_bytes(setup, model.vocab_size, cols["tp"],
                                                 cols["micro_batch"], cols.get("cp", 1)), 0)
-    temps = peak.gpu_optimizer_temp_bytes(num_params, cols["dp"], cols["zero_stage"],
+    temps = peak.gpu_optimizer_temp_bytes(num_params, shard_degree(cols), cols["zero_stage"],
                                           cols["dp_engine"] == DP_ENGINES.index("fsdp2"),
                                           cols["offload_optimizer"] > 0)
     return loss, temps

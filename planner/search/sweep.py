@@ -87,6 +87,10 @@ class Constraints(Frozen):
     buffers: EngineBuffers = EngineBuffers()
     """The engines' bucket sizes of every candidate (e.g. a DeepSpeed config's), as
     `Layout.buffers`: they reach the memory (buffers) and the step time (exposed last bucket)."""
+    dp_shard: int | None = None
+    """`Layout.dp_shard` (HSDP shard group) of every candidate, pinned (never searched): a
+    column on the candidates, rows the dp_shard rule refuses removed. None: no column (every
+    row shards over its whole dp group)."""
     megatron_overlap: tuple[str, ...] | None = None
     """`Layout.megatron_overlap` of every candidate, as the user pins it (never searched; the
     pins it needs: `megatron_overlap.sweep_pins`)."""
@@ -291,7 +295,13 @@ def enumerate_product(model: ModelSpec, cluster: Cluster, setup: TrainSetup, c: 
         offload_params=states[state, 2], dp_engine=states[state, 3], recompute=recompute[r],
         sequence_parallel=seq_par[s],
         recompute_every_k=np.ones(len(pair), dtype=np.int64))
-    return cols, rejected, (pair * len(recompute) + r) * len(seq_par) + s
+    key = (pair * len(recompute) + r) * len(seq_par) + s
+    if c.dp_shard is not None:  # the pinned HSDP shard group: a column, masked by its rule
+        cols = cols.with_columns(dp_shard=np.full(len(cols), c.dp_shard, dtype=np.int64))
+        hsdp_ok, hsdp_rejected = rules.mask(ctx, cols, rules.named(rules.DP_SHARD_RULE))
+        rejected |= hsdp_rejected
+        cols, key = cols.take(hsdp_ok), key[hsdp_ok]
+    return cols, rejected, key
 
 
 def enumerate_candidates(model: ModelSpec, cluster: Cluster, setup: TrainSetup,

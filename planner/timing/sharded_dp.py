@@ -33,6 +33,8 @@ from typing import NamedTuple
 
 import numpy as np
 
+from planner.timing import collectives
+
 
 class DpCommTime(NamedTuple):
     """Data-parallel communication of one optimizer step (arrays broadcast)."""
@@ -189,3 +191,57 @@ def fsdp2_copy_s(copy: Fsdp2CopyBytes, micro_batches, reducing_micro_batches, hb
     out = np.asarray(micro_batches) * copy.gather_copy_out_bytes
     red = np.asarray(reducing_micro_batches) * copy.reduce_copy_in_bytes
     return (out + red) / np.asarray(hbm_bytes_per_s, dtype=float)
+
+
+class HsdpGroups(NamedTuple):
+    """Where the two groups of an HSDP mesh (replicate, shard) sit: ranks per node and nodes."""
+
+    shard_per_node: object
+    """Ranks of one shard group on a node (its all-gather / reduce-scatter: NVLink part)."""
+    shard_nodes: object
+    """Nodes one shard group spans (1: the shard collectives stay inside the node)."""
+    replicas_per_node: object
+    """Ranks of one replica group (same shard index, different replicas) on a node."""
+    replica_nodes: object
+    """Nodes one replica group spans (its all-reduce crosses the network when > 1)."""
+
+
+def hsdp_groups(dp, dp_shard, dp_per_node) -> HsdpGroups:
+    """Placement of the 2-D mesh (dp / dp_shard, dp_shard), shard dim innermost: torch 2.13
+    `init_device_mesh` lays ranks out row-major, so consecutive ranks form a shard group
+    (`_fsdp_init.py`: a 2-D mesh is `HSDPMeshInfo(mesh, shard_mesh_dim=1,
+    replicate_mesh_dim=0)`), and rank i's replica group is {i + k·dp_shard}; FSDP1
+    HYBRID_SHARD builds the same groups with the node as shard group (`_init_utils.py`
+    `_init_intra_and_inter_node_groups`: `new_subgroups(num_devices_per_node)`). `dp_per_node`: the
+    data-parallel ranks one node holds (GPUs per node / tp). Arrays broadcast."""
+    dp, shard = np.asarray(dp), np.asarray(dp_shard)
+    per_node = np.asarray(dp_per_node)
+    shard_local = np.minimum(shard, per_node)
+    replicas = dp // shard
+    replica_local = np.minimum(np.maximum(per_node // shard, 1), replicas)
+    return HsdpGroups(shard_per_node=shard_local, shard_nodes=shard // shard_local,
+                      replicas_per_node=replica_local, replica_nodes=replicas // replica_local)
+
+
+def replica_all_reduce_bytes(layer_grad_bytes, dp_shard):
+    """Bytes of one unit's HSDP all-reduce input: the reduce-scattered shard, 1/dp_shard of the
+    unit's gradient bytes in the reduce dtype (torch 2.13 `_fsdp_collectives.py`
+    `foreach_reduce`: `dist.all_reduce(reduce_output, group=all_reduce_group)` after the
+    reduce-scatter over the shard group). Named approximation: the per-parameter dim-0
+    padding (`padded_shard_elements`) left out."""
+    return np.asarray(layer_grad_bytes, dtype=float) / np.asarray(dp_shard, dtype=float)
+
+
+def replica_all_reduce_layer_s(layer_grad_bytes, dp_shard, groups: HsdpGroups, intra_bytes_per_s,
+                               intra_latency_s, nic_bytes_per_s, inter_latency_s):
+    """Time of one unit's HSDP replica all-reduce (`replica_all_reduce_bytes`) over its
+    replica group, as NCCL runs an all-reduce (ring or tree, the faster:
+    `collectives.nccl_all_reduce_s`): 2(R-1)/R of the shard's bytes per GPU, over the NIC
+    share of each GPU when the replicas sit on different nodes. 0 with one replica. Issued
+    per unit on FSDP2's all_reduce_stream right after that unit's reduce-scatter, on every
+    micro-batch that reduces (`set_requires_gradient_sync(False)` skips both;
+    `set_requires_all_reduce(False)` the all-reduce alone; `_fully_shard.py`)."""
+    size = replica_all_reduce_bytes(layer_grad_bytes, dp_shard)
+    return collectives.nccl_all_reduce_s(size, groups.replicas_per_node, groups.replica_nodes,
+                                         intra_bytes_per_s, intra_latency_s, nic_bytes_per_s,
+                                         inter_latency_s)

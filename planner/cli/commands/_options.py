@@ -169,6 +169,12 @@ LastStageLayersOpt = Annotated[Optional[int], typer.Option(
     "--last-stage-layers", min=1, callback=int64, help=_LAST, rich_help_panel=LAYOUT)]
 _DP_ENGINE = ("Sharded data parallelism engine: deepspeed (ZeRO) or fsdp2 (PyTorch fully_shard; "
               "--zero 3 = reshard_after_forward true, 2 = false).")
+_DP_SHARD = ("HSDP shard group size: states sharded over dp_shard ranks, replicated over "
+             "dp / dp_shard groups (FSDP2 2-D mesh; FSDP1 HYBRID_SHARD). Must divide dp; needs "
+             "--dp-engine fsdp2 --zero 3 or 2 (default: the whole dp group; the sweep pins it, "
+             "never enumerates it).")
+DpShardOpt = Annotated[Optional[int], typer.Option(
+    "--dp-shard", min=1, callback=int64, help=_DP_SHARD, rich_help_panel=LAYOUT)]
 DpEngineOpt = Annotated[Optional[str], typer.Option("--dp-engine", help=_DP_ENGINE, rich_help_panel=LAYOUT)]
 ZeroOpt = Annotated[Optional[int], typer.Option("--zero", min=0, max=3, help=_ZERO, rich_help_panel=LAYOUT)]
 OffloadOptimizerOpt = Annotated[Optional[str], typer.Option(

@@ -39,6 +39,7 @@ def check(
     tp: opt.TpOpt = None,
     pp: opt.PpOpt = None,
     ep: opt.EpOpt = None,
+    dp_shard: opt.DpShardOpt = None,
     micro_batch: opt.MicroBatchOpt = None,
     grad_accum: opt.GradAccumOpt = None,
     global_batch: opt.GlobalBatchOpt = None,
@@ -73,7 +74,7 @@ def check(
         raise PlanInputError("check", "give exactly one of JOB, --deepspeed FILE, --megatron-args FILE, "
                              "--accelerate-config FILE"
                              + (f" (got {', '.join(sources)})" if sources else ""))
-    numbers = dict(tp=tp, pp=pp, ep=ep, micro_batch=micro_batch, grad_accum=grad_accum, global_batch=global_batch,
+    numbers = dict(tp=tp, pp=pp, ep=ep, dp_shard=dp_shard, micro_batch=micro_batch, grad_accum=grad_accum, global_batch=global_batch,
                    recompute=recompute, recompute_every_k=recompute_every_k, flash_attention=flash_attention)
     host = dict(reserve_gib=reserve, cpu_mem_gib=cpu_mem_gib, implementation=implementation,
                 host_accounting=host_accounting)
@@ -85,6 +86,9 @@ def check(
 
         result = lib.check(*load_job(job, opt.extra_dirs(profiles)), source="job", **host)
     elif deepspeed is not None:
+        if dp_shard is not None:
+            raise PlanInputError("--dp-shard", f"{dp_shard} with --deepspeed: DeepSpeed shards over "
+                                 "the whole dp group (MiCS, mics_shard_size, is not modelled)")
         if model is None:
             raise PlanInputError("--model", "--deepspeed needs --model (a DeepSpeed config has no model)")
         spec = opt.resolve_model(model, profiles)

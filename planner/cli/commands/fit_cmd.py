@@ -28,6 +28,7 @@ def fit(
     vp: opt.VirtualStagesOpt = None,
     first_stage_layers: opt.FirstStageLayersOpt = None,
     dp_engine: opt.DpEngineOpt = None,
+    dp_shard: opt.DpShardOpt = None,
     last_stage_layers: opt.LastStageLayersOpt = None,
     zero: opt.ZeroOpt = None,
     offload_optimizer: opt.OffloadOptimizerOpt = None,
@@ -83,7 +84,7 @@ def fit(
     layout_fields = dict(
         tp=tp, pp=pp, dp=dp, ep=ep, cp=cp, cp_comm_type=cp_comm_type, virtual_stages=vp,
         first_stage_layers=first_stage_layers,
-        last_stage_layers=last_stage_layers, dp_engine=dp_engine, zero_stage=zero, offload_optimizer=offload_optimizer,
+        last_stage_layers=last_stage_layers, dp_engine=dp_engine, dp_shard=dp_shard, zero_stage=zero, offload_optimizer=offload_optimizer,
         offload_params=offload_params, recompute=recompute, recompute_every_k=recompute_every_k,
         sequence_parallel=sequence_parallel, flash_attention=flash_attention,
         tempo=opt.tempo_techniques(tempo) or None, megatron_overlap=opt.megatron_overlaps(megatron_overlap), micro_batch=micro_batch, grad_accum=grad_accum,

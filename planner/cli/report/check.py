@@ -32,6 +32,7 @@ def layout_label(result: CheckResult) -> str:
     """tp/pp/dp, ZeRO stage, offload and recompute in a few words."""
     lay = result.layout
     parts = [f"tp{lay.tp} pp{lay.pp} dp{lay.dp}"]
+    parts += [f"dp_shard{lay.dp_shard}"] if lay.dp_shard is not None and lay.dp_shard < lay.dp else []
     parts += [f"ep{lay.ep}"] if lay.ep > 1 else []
     parts += [f"cp{lay.cp} {lay.cp_comm_type}"] if lay.cp > 1 else []
     parts += [f"v{lay.virtual_stages}"] if lay.virtual_stages > 1 else []

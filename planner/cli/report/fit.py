@@ -70,6 +70,9 @@ def _layout_line(result: FitResult) -> str:
              f"recompute={layout.recompute}"]
     if layout.dp_engine != "deepspeed":
         parts.insert(4, f"dp_engine={layout.dp_engine}")
+    if layout.dp_shard is not None and layout.dp_shard < layout.dp:  # HSDP: the 2-D mesh
+        parts.insert(3, f"dp_shard={layout.dp_shard} (HSDP {layout.dp // layout.dp_shard}x"
+                        f"{layout.dp_shard})")
     if layout.ep > 1:
         parts.insert(3, f"ep={layout.ep}")
     if layout.virtual_stages > 1:
