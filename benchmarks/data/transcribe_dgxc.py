@@ -144,20 +144,25 @@ def row(path: str, title: str, recipe: dict, col: dict) -> dict:
     )
 
 
-def main(git_dir: str) -> None:
+def print_rows(rows: list[dict]) -> None:
+    """The rows as a YAML block on stdout, every row written out in full (no anchors)."""
     import yaml
 
-    rows = []
-    for path, recipe in RECIPES.items():
-        table = bf16_table(readme(git_dir, path))
-        for col in columns(table, recipe["model"]["num_layers"]):
-            rows.append(row(path, table["header"][0], recipe, col))
     class NoAliases(yaml.SafeDumper):
         def ignore_aliases(self, data):
             return True
 
     print(yaml.dump(rows, Dumper=NoAliases, sort_keys=False, width=100, allow_unicode=True),
           end="")
+
+
+def main(git_dir: str) -> None:
+    rows = []
+    for path, recipe in RECIPES.items():
+        table = bf16_table(readme(git_dir, path))
+        for col in columns(table, recipe["model"]["num_layers"]):
+            rows.append(row(path, table["header"][0], recipe, col))
+    print_rows(rows)
 
 
 if __name__ == "__main__":

@@ -31,7 +31,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from transcribe_dgxc import FULL, NEMOTRON, RECIPES  # noqa: E402
+from transcribe_dgxc import FULL, NEMOTRON, RECIPES, print_rows  # noqa: E402
 
 TAGS = {"v25.05.05": "c5c765f2684f983e787eaada4073b63c8287caf6",
         "v25.04.02": "0efdb235ac32cc815084bd84ac8c1d1b722fa13e"}
@@ -208,8 +208,6 @@ def row(tag: str, path: str, title: str, recipe: dict, col: dict, lay: dict) -> 
 
 
 def main(git_dir: str) -> None:
-    import yaml
-
     rows = []
     for tag, path, title, sel, recipe in TABLES:
         text = readme(git_dir, tag, path)
@@ -220,12 +218,7 @@ def main(git_dir: str) -> None:
                     continue  # a proxy configuration, not the model
                 rows.append(row(tag, path, full_title, recipe, col, lay))
 
-    class NoAliases(yaml.SafeDumper):
-        def ignore_aliases(self, data):
-            return True
-
-    print(yaml.dump(rows, Dumper=NoAliases, sort_keys=False, width=100, allow_unicode=True),
-          end="")
+    print_rows(rows)
 
 
 if __name__ == "__main__":
