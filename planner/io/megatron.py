@@ -34,6 +34,7 @@ from pydantic import ValidationError
 from planner.core.errors import PlanInputError, format_validation_error
 from planner.io.engine import EngineJob
 from planner.core.spec import Cluster, Layout, ModelSpec, TrainSetup, ceil_div
+from planner.timing.stage_placement import accounted_stage_layers
 
 Args = dict[str, Any]
 
@@ -337,8 +338,41 @@ def _context_parallel(args: Args) -> tuple[int, str]:
     return cp, comm
 
 
-def _uneven_stages(args: Args) -> dict[str, int | None]:
-    """`--decoder-first/last-pipeline-num-layers` as Layout fields (None when not given)."""
+ACCOUNT_FLAGS = ("--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split")
+
+
+def _accounted_stages(args: Args, num_layers: int, pp: int) -> dict[str, int | None]:
+    """The account-for-embedding / -loss flags as the first / last stage block counts Megatron
+    builds: (L [+1] [+1]) / pp per rank, one block fewer on the first (last) rank (Megatron-LM
+    d98e8a64 megatron/core/transformer/transformer_block.py get_num_layers_to_build; the
+    refusals mirror transformer_config.py __post_init__)."""
+    given = [flag for flag in ACCOUNT_FLAGS if args.get(flag)]
+    uneven = [flag for flag in ("--decoder-first-pipeline-num-layers",
+                                "--decoder-last-pipeline-num-layers") if flag in args]
+    if uneven:
+        raise PlanInputError(given[0], f"cannot be set with {uneven[0]} (Megatron-LM "
+                             "transformer_config.py refuses the combination)")
+    if "--pipeline-model-parallel-layout" in args:
+        raise PlanInputError(given[0], "cannot be set with --pipeline-model-parallel-layout "
+                             "(Megatron-LM transformer_config.py refuses the combination)")
+    if "--num-layers-per-virtual-pipeline-stage" in args or "--num-virtual-stages-per-pipeline-rank" in args:
+        raise PlanInputError(given[0], "with interleaving Megatron removes the block from the first "
+                             "(last) model chunk only, which the planner's uneven stages (spread "
+                             "over all chunks) cannot represent; use --decoder-first/last-pipeline-num-layers")
+    try:
+        first, last = accounted_stage_layers(num_layers, pp, bool(args.get(ACCOUNT_FLAGS[0])),
+                                             bool(args.get(ACCOUNT_FLAGS[1])))
+    except ValueError as error:
+        raise PlanInputError(given[0], f"{error} (Megatron-LM asserts the same)") from None
+    return {"first_stage_layers": first if first is not None and pp > 1 and args.get(ACCOUNT_FLAGS[0]) else None,
+            "last_stage_layers": last if last is not None and pp > 1 and args.get(ACCOUNT_FLAGS[1]) else None}
+
+
+def _uneven_stages(args: Args, num_layers: int = 0, pp: int = 1) -> dict[str, int | None]:
+    """`--decoder-first/last-pipeline-num-layers` (or the account-for flags, read as those layer
+    counts) as Layout fields (None when not given)."""
+    if any(args.get(flag) for flag in ACCOUNT_FLAGS):
+        return _accounted_stages(args, num_layers, pp)
     return {"first_stage_layers": _int(args, "--decoder-first-pipeline-num-layers")
             if "--decoder-first-pipeline-num-layers" in args else None,
             "last_stage_layers": _int(args, "--decoder-last-pipeline-num-layers")
@@ -416,7 +450,7 @@ def job_from_megatron(launcher: Args, args: Args, num_gpus: int | None, name: st
     try:
         layout = Layout(
             tp=tp, pp=pp, dp=dp, ep=_int(args, "--expert-model-parallel-size", 1), cp=cp,
-            cp_comm_type=cp_comm, virtual_stages=virtual, **_uneven_stages(args),
+            cp_comm_type=cp_comm, virtual_stages=virtual, **_uneven_stages(args, model.num_layers, pp),
             zero_stage=1 if args.get("--use-distributed-optimizer") else 0,
             sequence_parallel=bool(args.get("--sequence-parallel")) and tp > 1,  # off at tp=1
             flash_attention=flash, micro_batch=micro, grad_accum=batch // (micro * dp),
