@@ -158,6 +158,10 @@ def worker(rank, tmp):
         net(x).sum().backward()
     if rank == 0:
         open(f"{tmp}/ops.json", "w").write(json.dumps(rec.ops))
+    # both ranks past every collective before either tears gloo down: without it one CI run
+    # (2026-11-23 21:41) saw rank 0 abort ("terminate called without an active exception")
+    # when its peer closed the connections first
+    dist.barrier()
     dist.destroy_process_group()
 
 if __name__ == "__main__":
