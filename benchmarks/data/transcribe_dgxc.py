@@ -131,8 +131,7 @@ def row(path: str, title: str, recipe: dict, col: dict) -> dict:
         tokens_per_s_per_gpu=per_gpu, iteration_time_s=col["step_s"],
         cross_check=dict(tokens_per_s=col["tokens_per_s"],
                          grad_accum=col["gbs"] // (dp * mbs)),
-        counting="table row 'Throughput in tokens per second' (= sequence x GBS / step time, "
-                 "the README's formula) / GPUs",
+        counting=COUNTING,
         assumed=recipe["assumed"], checked="stored",
         source=(f"NVIDIA/dgxc-benchmarking {path} at commit {COMMIT} (tag v25.01), table "
                 f"'{title}', column {col['gpus']}x H100 (GBS={col['gbs']}): step "
@@ -142,6 +141,11 @@ def row(path: str, title: str, recipe: dict, col: dict) -> dict:
                 f"sequence parallelism, overlaps: that config; DGX H100, NeMo container); "
                 f"{recipe['note']}"),
     )
+
+
+COUNTING = ("table row 'Throughput in tokens per second' (= sequence x GBS / step time, "
+            "the README's formula) / GPUs")
+"""How every dgxc-benchmarking row's tokens_per_s_per_gpu is read (both transcription scripts)."""
 
 
 def print_rows(rows: list[dict]) -> None:

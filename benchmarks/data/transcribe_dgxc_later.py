@@ -31,7 +31,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from transcribe_dgxc import FULL, NEMOTRON, RECIPES, print_rows  # noqa: E402
+from transcribe_dgxc import COUNTING, FULL, NEMOTRON, RECIPES, print_rows  # noqa: E402
 
 TAGS = {"v25.05.05": "c5c765f2684f983e787eaada4073b63c8287caf6",
         "v25.04.02": "0efdb235ac32cc815084bd84ac8c1d1b722fa13e"}
@@ -194,8 +194,7 @@ def row(tag: str, path: str, title: str, recipe: dict, col: dict, lay: dict) -> 
         tokens_per_s_per_gpu=per_gpu, iteration_time_s=col["step_s"], mfu=col["mfu_pct"] / 100,
         cross_check=dict(tokens_per_s=col["tokens_per_s"], grad_accum=ga,
                          gbs_printed=int(lay["GBS"]), layers_printed=int(lay["Layers"])),
-        counting="table row 'Throughput in tokens per second' (= sequence x GBS / step time, "
-                 "the README's formula) / GPUs",
+        counting=COUNTING,
         assumed=recipe["assumed"], checked="stored",
         source=(f"NVIDIA/dgxc-benchmarking {path} at commit {TAGS[tag]} (tag {tag}), table "
                 f"'{title}', column {col['gpus']}x {col['gpu_label']}: step {col['step_s']} s, "
