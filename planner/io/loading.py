@@ -304,9 +304,11 @@ def _gpus_with_nodes(extra_dirs: Sequence[Path]) -> list[str]:
 def cluster_for_gpus(gpu: str, num_gpus: int, extra_dirs: Sequence[Path] = ()) -> Cluster:
     """`--gpu a100-80gb --gpus 256`: whole nodes of the shipped node type with that GPU.
 
-    Fewer GPUs than a node holds: one node with `gpus_per_node = num_gpus` and that share of the
-    node's CPU RAM and NVMe (memory.host.partial_node). More: the count must
-    be a multiple of the node size (nodes = num_gpus / gpus_per_node).
+    Fewer GPUs than the first node type holds (DGX profiles first, then by name): one node with
+    `gpus_per_node = num_gpus` and that share of the node's CPU RAM and NVMe
+    (memory.host.partial_node). More: whole nodes of the first node type whose size divides the
+    count (nodes = num_gpus / gpus_per_node), e.g. 128 GB200 as two 64-GPU NVLink segments of
+    `gb200-nvl72-seg16` where 72-GPU racks do not divide it.
     """
     load_gpu(gpu, extra_dirs)  # unknown GPU names list the allowed ones
     if num_gpus <= 0:
@@ -321,11 +323,15 @@ def cluster_for_gpus(gpu: str, num_gpus: int, extra_dirs: Sequence[Path] = ()) -
     if num_gpus < per_node:
         small = partial_node(node, num_gpus)  # its share of the node's RAM and NVMe
         return _one_node_cluster(small, path, extra_dirs, name=f"{node.name}-{num_gpus}gpu")
-    if num_gpus % per_node:
+    dividing = [(n, p) for n, p in candidates if num_gpus % n.gpus_per_node == 0]
+    if not dividing:
         lower = num_gpus // per_node * per_node
+        others = "".join(f"; {n.gpus_per_node} GPUs per {n.name} node" for n, _ in candidates[1:])
         raise PlanInputError(
             "gpus", f"{num_gpus} GPUs is not a multiple of {per_node} GPUs per {node.name} node "
-            f"(nearest: {lower} or {lower + per_node}), and more than one node")
+            f"(nearest: {lower} or {lower + per_node}){others}, and more than one node")
+    node, path = dividing[0]  # e.g. 128 GB200: two 64-GPU NVLink segments, not 72-GPU racks
+    per_node = node.gpus_per_node
     nodes = num_gpus // per_node
     name = node.name if nodes == 1 else f"{node.name}x{nodes}"
     return _one_node_cluster(node, path, extra_dirs, num_nodes=nodes, name=name)
