@@ -864,7 +864,7 @@ ranking; those within SAME_STEP_REL of the fastest are one answer, listed as var
 
 def collapse_variants(cands, cols: dict[str, np.ndarray], order: np.ndarray, top: int
                       ) -> list[tuple[int, list[int]]]:
-    """Walk the ranked `order` and fold each layout into the first earlier one that differs
+    """Walk the ranked `order` and fold each layout into the first earlier kept one that differs
     only in the offload placement or the HSDP shard group (`_VARIANT_FIELDS`; FSDP2, the only
     engine with HSDP, has no offload: a variant differs in one of the two) and whose step time
     is within SAME_STEP_REL of it (both fit:
@@ -873,17 +873,18 @@ def collapse_variants(cands, cols: dict[str, np.ndarray], order: np.ndarray, top
     rows = np.stack([cands[name][order] for name in names], axis=1).astype(np.int64).tolist() \
         if len(order) else []
     kept: list[tuple[int, list[int]]] = []
-    by_key: dict[tuple, int] = {}
+    by_key: dict[tuple, list[int]] = {}  # kept rows (indices into `kept`) of each key
     for i, row in zip((int(j) for j in order), rows):
         key = tuple(row)
-        if key in by_key:
-            head, folded = kept[by_key[key]]
-            if abs(cols["step_s"][i] / cols["step_s"][head] - 1) <= SAME_STEP_REL:
-                folded.append(i)
-                continue
+        head = next((k for k in by_key.get(key, ())
+                     if abs(cols["step_s"][i] / cols["step_s"][kept[k][0]] - 1) <= SAME_STEP_REL),
+                    None)
+        if head is not None:
+            kept[head][1].append(i)
+            continue
         if len(kept) == top:
             continue
-        by_key.setdefault(key, len(kept))
+        by_key.setdefault(key, []).append(len(kept))
         kept.append((i, []))
     return kept
 
