@@ -223,3 +223,54 @@ def test_unconstrained_best_layout_round_trips_through_fit_and_check(zplan, tmp_
         "setup": {"seq_len": seq, "global_batch": batch, "train_tokens": 1e12}}))
     code, doc = _check(zplan, str(job))
     assert code == 0 and max(s["total_bytes"] for s in doc["stages"]) == best.gpu_peak_bytes
+
+
+def test_best_hsdp_layout_round_trips_through_fit_check_and_accelerate(zplan, tmp_path: Path):
+    """Issue 10, HSDP in the sweep: the best-ranked layout with an HSDP shard group (FSDP2 at
+    tp = pp = cp = 1, recompute none / full, transformers' SDPA attention: what an accelerate
+    FSDP config can say), given back to fit as flags (--dp-shard included) and to check as a
+    job file, gives the sweep's peak bytes, verdict and (fit) step time; through
+    `export --format accelerate-fsdp` then `check --accelerate-config` it reads back as the
+    same layout (2-D mesh included). The accelerate read-back's memory is not compared: the
+    reader plans accelerate's `mixed_precision: bf16` as autocast-bf16 (fp32 weights) while the
+    export writes bf16-mixed as `bf16` and refuses autocast recipes (planner/io/fsdp.py,
+    accelerate_config.py), so no recipe survives the trip unchanged."""
+    name, gpu, gpus, seq, batch = "llama2-7b", "a100-80gb", 64, 4096, 256
+    model, cluster = loading.load_model(name), loading.cluster_for_gpus(gpu, gpus)
+    setup = make_setup(seq, batch, 1e12, "bf16-mixed", implementation="hf-sdpa")
+    result = sweep.sweep(model, cluster, setup, sweep.Constraints(
+        tp=(1,), pp=(1,), cp=(1,), dp_engine=("fsdp2",), recompute=("none", "full")), top=30)
+    best = next(row for row in result.top if row.layout.dp_shard is not None)
+    lay = best.layout
+    assert lay.dp_shard < lay.dp == gpus
+    common = ["--model", name, "--gpu", gpu, "--gpus", str(gpus), "--seq-len", str(seq),
+              "--tokens", "1e12", "--precision", "bf16-mixed", "--implementation", "hf-sdpa"]
+    flags = ["--tp", "1", "--pp", "1", "--dp", str(lay.dp), "--dp-shard", str(lay.dp_shard),
+             "--dp-engine", "fsdp2", "--zero", str(lay.zero_stage), "--recompute", lay.recompute,
+             "--micro-batch", str(lay.micro_batch), "--global-batch", str(batch)]
+    fit = zplan("fit", *common, *flags, "--json")
+    assert fit.returncode == 0, fit.stderr
+    fit_doc = json.loads(fit.stdout)
+    assert max(s["total_bytes"] for s in fit_doc["memory"]["stages"]) == best.gpu_peak_bytes
+    assert fit_doc["step"]["step_s"] == pytest.approx(best.estimate.step_s, rel=1e-12)
+
+    layout_yaml = {k: v for k, v in lay.model_dump(mode="json").items() if k != "buffers"}
+    job = tmp_path / "job.yaml"
+    job.write_text(yaml.safe_dump({
+        "model": name, "cluster": {"gpu": gpu, "gpus": gpus}, "layout": layout_yaml,
+        "setup": {"seq_len": seq, "global_batch": batch, "train_tokens": 1e12,
+                  "precision": "bf16-mixed", "implementation": "hf-sdpa"}}))
+    code_job, direct = _check(zplan, str(job))
+    assert code_job == 0
+    assert max(s["total_bytes"] for s in direct["stages"]) == best.gpu_peak_bytes
+
+    acc = tmp_path / "acc.yaml"
+    exported = zplan("export", "--format", "accelerate-fsdp", "--job", str(job), "-o", str(acc))
+    assert exported.returncode == 0, exported.stderr
+    mesh = yaml.safe_load(acc.read_text().split("\n", 1)[1])["parallelism_config"]
+    assert mesh == {"parallelism_config_dp_replicate_size": lay.dp // lay.dp_shard,
+                    "parallelism_config_dp_shard_size": lay.dp_shard}
+    _, via = _check(zplan, "--accelerate-config", str(acc), "--model", name, "--gpu", gpu,
+                    "--micro-batch", str(lay.micro_batch), "--global-batch", str(batch),
+                    "--seq-len", str(seq), "--tokens", "1e12", "--implementation", "hf-sdpa")
+    assert {k: v for k, v in via["layout"].items() if k != "buffers"} == layout_yaml

@@ -34,7 +34,8 @@ FIELDS = ("tp", "pp", "dp", "ep", "virtual_stages", "zero_stage", "offload_optim
 """The varying Layout fields, each one column."""
 OPTIONAL = ("first_stage_layers", "last_stage_layers", "dp_shard")
 """Fields whose None is stored as 0 (a column may be absent: the even split, the whole dp
-group; the sweep adds `dp_shard` only when it is pinned)."""
+group; the sweep adds `dp_shard` unless `--dp-shard none`, 0 on every row sharding over its
+whole dp group)."""
 
 
 class LayoutColumns(Mapping[str, np.ndarray]):
@@ -206,9 +207,9 @@ def piecewise(shape: tuple[int, ...], width: int,
     return out
 
 
-STATE_FIELDS = ("zero_stage", "offload_optimizer", "offload_params", "dp_engine")
-"""The ZeRO / offload / engine fields: model states, buffers, the data-parallel and offload
-terms read them; activations, FLOPs and the compute terms do not."""
+STATE_FIELDS = ("zero_stage", "offload_optimizer", "offload_params", "dp_engine", "dp_shard")
+"""The ZeRO / offload / engine fields and the HSDP shard group: model states, buffers, the
+data-parallel and offload terms read them; activations, FLOPs and the compute terms do not."""
 
 
 def activity_groups(cols: LayoutColumns, key: np.ndarray | None = None

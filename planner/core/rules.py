@@ -197,7 +197,9 @@ def _dp_shard_ok(x: Context, c: LayoutColumns) -> np.ndarray:
     """dp_shard (0 = the whole group) divides dp; below dp (HSDP) only with an engine that has
     it: FSDP2 (`fully_shard(mesh=(replicate, shard))`, torch 2.13) or FSDP1 HYBRID_SHARD /
     _HYBRID_SHARD_ZERO2 (torch/distributed/fsdp/api.py), both run as dp_engine fsdp2 at
-    zero_stage 3 / 2. DeepSpeed's MiCS is not modelled: refused."""
+    zero_stage 3 / 2. DeepSpeed's MiCS (its HSDP) is refused: deepspeed 0.19.8 removed it and
+    rejects `mics_shard_size` (runtime/config.py `_REMOVED_ZERO_CONFIG_KEYS`; docs/collectives.md
+    "MiCS")."""
     shard, dp = c["dp_shard"], c["dp"]
     whole = (shard == 0) | (shard == dp)
     hybrid = (dp % np.maximum(shard, 1) == 0) & (shard < dp) & (c["dp_engine"] == FSDP2) \
@@ -213,7 +215,7 @@ def _dp_shard_message(x: Context, r: dict[str, int]) -> str:
                 f"dp_shard-rank shard group)")
     return (f"dp_shard={shard} < dp={dp} (HSDP) needs dp_engine=fsdp2 with zero_stage 3 "
             f"(HYBRID_SHARD) or 2 (_HYBRID_SHARD_ZERO2), got dp_engine={engine}, zero_stage="
-            f"{zero}; DeepSpeed's MiCS (mics_shard_size) is not modelled")
+            f"{zero}; DeepSpeed's MiCS (mics_shard_size) was removed in deepspeed 0.19.8")
 
 
 def _world_message(x: Context, r: dict[str, int]) -> str:
@@ -228,7 +230,7 @@ def _world_message(x: Context, r: dict[str, int]) -> str:
 
 
 DP_SHARD_RULE = "dp_shard must divide dp; HSDP needs FSDP2 at ZeRO-2/3"
-"""Name of the HSDP rule (the sweep applies it to its pinned dp_shard column)."""
+"""Name of the HSDP rule (the sweep applies it to its dp_shard column)."""
 
 TP_RULE_NAME = "tp must divide heads and the MLP width, and divide or be a multiple of the kv heads"
 """Name of the tp rule (the sweep prints it; activations.check_tp checks it by name)."""

@@ -215,10 +215,23 @@ def config_buffers(config: dict[str, Any], hidden_size: int | None) -> tuple[Eng
     return buffers_from_deepspeed(zero, _zero_fields(zero)["zero_stage"], hidden_size)
 
 
+REMOVED_MICS_KEYS = ("mics_shard_size", "mics_hierarchical_params_gather")
+"""MiCS (DeepSpeed's hierarchical ZeRO-3, HSDP): deepspeed 0.19.8 rejects both keys
+(runtime/config.py `_REMOVED_ZERO_CONFIG_KEYS`, `_reject_removed_config_keys`: "MiCS ZeRO-3
+sharding has been removed", deepspeedai/DeepSpeed issue 8489), so a config carrying them does
+not run; refused here rather than planned as plain ZeRO-3 (docs/collectives.md "MiCS")."""
+
+
 def _zero_fields(zero: Any) -> dict[str, Any]:
     """zero_stage, offload_optimizer and offload_params from the zero_optimization section."""
     if not isinstance(zero, dict):
         raise PlanInputError("zero_optimization", f"must be an object, got {zero!r}")
+    for key in REMOVED_MICS_KEYS:
+        if key in zero:
+            raise PlanInputError(f"zero_optimization.{key}", "MiCS was removed in deepspeed "
+                                 "0.19.8, which rejects this key (runtime/config.py); remove it "
+                                 "(ZeRO-3 over the whole dp group), or plan HSDP with "
+                                 "--dp-engine fsdp2 --dp-shard N")
     stage = zero.get("stage", 0)
     if stage not in (0, 1, 2, 3):
         raise PlanInputError("zero_optimization.stage", f"{stage!r}; allowed: 0, 1, 2, 3")

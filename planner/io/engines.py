@@ -83,8 +83,9 @@ RULES: tuple[EngineRule, ...] = (
                f"{_MEGATRON}: --use-distributed-optimizer shards over the dp x cp group"),
     # ---------------------------------------------------------------- DeepSpeed
     EngineRule("deepspeed", lambda m, l, p: _hsdp(l),
-               "HSDP (dp_shard < dp) would be MiCS (mics_shard_size), which zplan does not model",
-               f"{_DS} deepspeed/runtime/zero/mics.py"),
+               "HSDP (dp_shard < dp) would be MiCS (mics_shard_size), which it no longer has",
+               f"{_DS} deepspeed/runtime/config.py _REMOVED_ZERO_CONFIG_KEYS: 'MiCS ZeRO-3 "
+               "sharding has been removed' (docs/collectives.md \"MiCS\")"),
     EngineRule("deepspeed", lambda m, l, p: l.pp > 1 and l.zero_stage >= 2,
                "pipeline parallelism runs with ZeRO-0/1 only",
                f"{_DS} deepspeed/runtime/pipe/engine.py PipelineEngine.__init__: assert "

@@ -13,7 +13,9 @@ names the rules that removed combinations. One search rule on top: with dp = 1, 
 kept only with offload (otherwise it equals ZeRO-0); ZeRO shards over dp x cp ranks, so this
 reads dp·cp = 1. Context parallelism: cp divides GPUs / (tp·pp), 2·cp divides seq_len, both
 comm types (p2p ring, a2a) where the rule table allows them; a cp layout whose micro-batch is a
-multiple of cp is dominated by its cp = 1 twin and not enumerated (`cp_dominated`).
+multiple of cp is dominated by its cp = 1 twin and not enumerated (`cp_dominated`). HSDP: every
+FSDP2 ZeRO-2/3 layout is also enumerated with each whole-node shard group smaller than its dp
+(`dp_shard_options`, `dp_shard_rows`; `Constraints.dp_shard` pins or turns it off).
 
 Evaluation (`evaluate`) runs the one model over the candidate columns (`LayoutColumns`): model
 states and buffers (`model_states.state_parts` / `buffer_parts`), activations
@@ -32,8 +34,10 @@ import functools
 import math
 import time
 from collections.abc import Callable
+from typing import Annotated
 
 import numpy as np
+from pydantic import Field
 
 from planner.memory import activations, experts, implementations, model_states, peak, plan
 from planner.memory.reserve import reserve_column
@@ -46,6 +50,7 @@ from planner.core.columns import (CP_COMM_TYPES, DP_ENGINES, OFFLOAD_TARGETS, La
                                   activity_groups, group_rows, piecewise, unique_ints,
                                   representatives)
 from planner.memory.context import cp_working_bytes, local_seq_len
+
 from planner.core.spec import (
     GIB, Cluster, EngineBuffers, Frozen, Layout, ModelSpec, OffloadTarget, TrainSetup)
 
@@ -87,10 +92,11 @@ class Constraints(Frozen):
     buffers: EngineBuffers = EngineBuffers()
     """The engines' bucket sizes of every candidate (e.g. a DeepSpeed config's), as
     `Layout.buffers`: they reach the memory (buffers) and the step time (exposed last bucket)."""
-    dp_shard: int | None = None
-    """`Layout.dp_shard` (HSDP shard group) of every candidate, pinned (never searched): a
-    column on the candidates, rows the dp_shard rule refuses removed. None: no column (every
-    row shards over its whole dp group)."""
+    dp_shard: tuple[Annotated[int, Field(ge=0)], ...] | None = None
+    """`Layout.dp_shard` (HSDP shard group). None (`--dp-shard auto`): searched, every FSDP2
+    ZeRO-2/3 candidate also with each shard group of `dp_shard_options`; (0,) (`none`): no
+    HSDP, every row shards over its whole dp group (no column); (N, ...): every candidate once
+    per pinned value (0: the whole group), rows the dp_shard rule refuses removed."""
     megatron_overlap: tuple[str, ...] | None = None
     """`Layout.megatron_overlap` of every candidate, as the user pins it (never searched; the
     pins it needs: `megatron_overlap.sweep_pins`)."""
@@ -296,12 +302,66 @@ def enumerate_product(model: ModelSpec, cluster: Cluster, setup: TrainSetup, c: 
         sequence_parallel=seq_par[s],
         recompute_every_k=np.ones(len(pair), dtype=np.int64))
     key = (pair * len(recompute) + r) * len(seq_par) + s
-    if c.dp_shard is not None:  # the pinned HSDP shard group: a column, masked by its rule
-        cols = cols.with_columns(dp_shard=np.full(len(cols), c.dp_shard, dtype=np.int64))
+    shard = dp_shard_rows(cluster, cols, c)
+    if shard is not None:  # the HSDP shard group: a column, masked by its rule
+        src, values = shard
+        cols, key = cols.take(src).with_columns(dp_shard=values), key[src]
         hsdp_ok, hsdp_rejected = rules.mask(ctx, cols, rules.named(rules.DP_SHARD_RULE))
         rejected |= hsdp_rejected
         cols, key = cols.take(hsdp_ok), key[hsdp_ok]
     return cols, rejected, key
+
+
+def dp_shard_options(dp: int, dp_per_node: int) -> list[int]:
+    """HSDP shard groups the sweep searches for one dp (`--dp-shard auto`): whole nodes, the
+    node's dp ranks times each divisor k < dp / dp_per_node of the nodes the dp group spans
+    (k = dp / dp_per_node is dp itself, plain FSDP, row dp_shard = 0). The engines' practice:
+    FSDP1 HYBRID_SHARD shards over exactly one node (torch 2.13 `_init_utils.py`
+    `_init_intra_and_inter_node_groups`), fms-fsdp runs it so (`sharding_strategy: hsdp`);
+    torchtitan's `data_parallel_shard_degree` and accelerate's `parallelism_config_dp_shard_size`
+    take any divisor, of which whole nodes keep the shard collectives on NVLink (one node) or
+    split them over the fewest nodes. Groups inside a node (dp_shard < dp_per_node) are not
+    searched (`--dp-shard N` pins them): they replicate states within the node to save only
+    NVLink traffic. A shard group of one rank (tp·cp filling the node) is DDP with FSDP's
+    overheads, not searched. [] when the dp group fits in one node or is not whole nodes."""
+    if dp <= dp_per_node or dp % dp_per_node:
+        return []
+    nodes = dp // dp_per_node
+    return [dp_per_node * k for k in _divisors(nodes) if k < nodes and dp_per_node * k > 1]
+
+
+def dp_shard_rows(cluster: Cluster, cols: LayoutColumns, c: Constraints
+                  ) -> tuple[np.ndarray, np.ndarray] | None:
+    """(source row, dp_shard) of each candidate after the HSDP dimension, or None for no
+    dp_shard column. Pinned values: every row once per value. `none` ((0,)): None. `auto`
+    (None): every row once with 0 (its whole dp group) and every FSDP2 ZeRO-2/3 row (the
+    engines that have HSDP, `rules.DP_SHARD_RULE`) once more per shard group of
+    `dp_shard_options`, right after it; None when no row has one (a dp group within a node,
+    DeepSpeed-only searches)."""
+    n = len(cols)
+    if c.dp_shard is not None:
+        pins = _ints(sorted(set(c.dp_shard)))
+        return None if not pins.any() else (np.repeat(np.arange(n, dtype=np.int64), len(pins)),
+                                            np.tile(pins, n))
+    hybrid = np.flatnonzero((cols["dp_engine"] == DP_ENGINES.index("fsdp2"))
+                            & (cols["zero_stage"] >= 2))
+    per_node = np.maximum(cluster.node.gpus_per_node
+                          // (cols["tp"][hybrid] * cols.get("cp", np.ones(n, np.int64))[hybrid]), 1)
+    keys, inv = group_rows(cols["dp"][hybrid], per_node)
+    table = [dp_shard_options(dp, node) for dp, node in keys.tolist()]
+    width = max(map(len, table), default=0)
+    if width == 0:
+        return None
+    options = np.zeros((len(table), width + 1), dtype=np.int64)  # column 0: the whole group
+    for g, values in enumerate(table):
+        options[g, 1:1 + len(values)] = values
+    group = np.full(n, -1, dtype=np.int64)
+    group[hybrid] = inv
+    count = np.ones(n, dtype=np.int64)
+    count[hybrid] = 1 + np.array([len(t) for t in table], dtype=np.int64)[inv]
+    src = np.repeat(np.arange(n, dtype=np.int64), count)
+    nth = np.arange(len(src), dtype=np.int64) - np.repeat(np.cumsum(count) - count, count)
+    return src, np.where(group[src] >= 0, options[np.maximum(group[src], 0), nth], 0)
 
 
 def enumerate_candidates(model: ModelSpec, cluster: Cluster, setup: TrainSetup,
@@ -552,12 +612,14 @@ def model_state_columns(cluster: Cluster, setup: TrainSetup, cands: LayoutColumn
     once, at one of its candidates, and the values are gathered back. `activity`: the
     candidates' activity groups (`evaluate`), within which (tp, pp) and m are the same."""
     state = [cands[k] for k in ("zero_stage", "offload_optimizer", "offload_params", "dp_engine")]
+    shard = [unique_ints(cands["dp_shard"])[1]] if "dp_shard" in cands else []  # its rank
     if activity is None:
-        keys, inv = _group(tp_pp_inv, *state, cands["grad_accum"] > 1)
+        keys, inv = _group(tp_pp_inv, *state, *shard, cands["grad_accum"] > 1)
     else:  # one integer key: ((tp, pp) row, m > 1) of the group, then the state codes
         one = activity[0]
         key = (tp_pp_inv[one] * 2 + (cands["grad_accum"][one] > 1)).take(activity[1])
-        for code, width in zip(state, (4, len(OFFLOAD_TARGETS), len(OFFLOAD_TARGETS), len(DP_ENGINES))):
+        widths = (4, len(OFFLOAD_TARGETS), len(OFFLOAD_TARGETS), len(DP_ENGINES))
+        for code, width in zip(state + shard, widths + tuple(int(s.max()) + 1 for s in shard)):
             key = key * width + code
         keys, inv = unique_ints(key)
     rep = _representatives(inv, len(keys))
@@ -710,8 +772,8 @@ class SweepRow(Frozen):
     """For a rejected layout: every resource it overflows and by how much."""
     variants: list[str] = []
     """Near-identical layouts folded into this row (`collapse_variants`): the same layout with
-    another offload placement whose step time is within SAME_STEP_REL, as `optimizer/params`
-    offload targets, e.g. `cpu/none`."""
+    another offload placement or HSDP shard group whose step time is within SAME_STEP_REL, as
+    `optimizer/params` offload targets, e.g. `cpu/none`, or `dp_shard=N` (`variant_label`)."""
 
 
 class SweepResult(Frozen):
@@ -794,30 +856,35 @@ def rank_order(cols: dict[str, np.ndarray], idx: np.ndarray, sort: str,
 SAME_STEP_REL = 0.005
 """Step times closer than 0.5 % count as the same answer (a choice of this planner, not a
 measured figure: below the model's own error, docs/accuracy.md)."""
-_VARIANT_FIELDS = ("offload_optimizer", "offload_params")
-"""Fields a near-identical variant may differ in."""
+_VARIANT_FIELDS = ("offload_optimizer", "offload_params", "dp_shard")
+"""Fields a near-identical variant may differ in: the offload placement, or the HSDP shard
+group (`dp_shard_options` puts up to log2(nodes) shard groups of one FSDP2 layout in the
+ranking; those within SAME_STEP_REL of the fastest are one answer, listed as variants)."""
 
 
 def collapse_variants(cands, cols: dict[str, np.ndarray], order: np.ndarray, top: int
                       ) -> list[tuple[int, list[int]]]:
-    """Walk the ranked `order` and fold each layout into the first earlier one that differs
-    only in the offload placement and whose step time is within SAME_STEP_REL of it (both fit:
+    """Walk the ranked `order` and fold each layout into the first earlier kept one that differs
+    only in the offload placement or the HSDP shard group (`_VARIANT_FIELDS`; FSDP2, the only
+    engine with HSDP, has no offload: a variant differs in one of the two) and whose step time
+    is within SAME_STEP_REL of it (both fit:
     the caller passes fitting rows only). Returns up to `top` (kept row, folded rows)."""
     names = [name for name in cands if name not in _VARIANT_FIELDS]
     rows = np.stack([cands[name][order] for name in names], axis=1).astype(np.int64).tolist() \
         if len(order) else []
     kept: list[tuple[int, list[int]]] = []
-    by_key: dict[tuple, int] = {}
+    by_key: dict[tuple, list[int]] = {}  # kept rows (indices into `kept`) of each key
     for i, row in zip((int(j) for j in order), rows):
         key = tuple(row)
-        if key in by_key:
-            head, folded = kept[by_key[key]]
-            if abs(cols["step_s"][i] / cols["step_s"][head] - 1) <= SAME_STEP_REL:
-                folded.append(i)
-                continue
+        head = next((k for k in by_key.get(key, ())
+                     if abs(cols["step_s"][i] / cols["step_s"][kept[k][0]] - 1) <= SAME_STEP_REL),
+                    None)
+        if head is not None:
+            kept[head][1].append(i)
+            continue
         if len(kept) == top:
             continue
-        by_key.setdefault(key, len(kept))
+        by_key.setdefault(key, []).append(len(kept))
         kept.append((i, []))
     return kept
 
@@ -851,6 +918,14 @@ def _row(cands, cols, i: int, c: Constraints, cluster: Cluster, fits: bool,
         node_nvme_bytes=int(cols["node_nvme_bytes"][i]), fits=fits,
         reason="" if fits else overflow_reason(cols, i, cluster), variants=variants or [],
     )
+
+
+def variant_label(cands, j: int, head: int) -> str:
+    """What folded variant j changes against its ranked row `head`: `dp_shard=N` (the HSDP
+    shard group; N = dp for the whole group) or the offload targets (`offload_label`)."""
+    if "dp_shard" in cands and cands["dp_shard"][j] != cands["dp_shard"][head]:
+        return f"dp_shard={int(cands['dp_shard'][j]) or int(cands['dp'][j])}"
+    return offload_label(cands, j)
 
 
 def offload_label(cands, j: int) -> str:
@@ -930,7 +1005,7 @@ def sweep(model: ModelSpec, cluster: Cluster, setup: TrainSetup, constraints: Co
     return SweepResult(
         **base, fitting=int(fits.sum()), rejected_gpu=int((~ok[0]).sum()),
         rejected_cpu=int((~ok[1]).sum()), rejected_nvme=int((~ok[2]).sum()),
-        top=[_row(cands, cols, i, c, cluster, True, [offload_label(cands, j) for j in folded])
+        top=[_row(cands, cols, i, c, cluster, True, [variant_label(cands, j, i) for j in folded])
              for i, folded in good],
         rejected=[_row(cands, cols, int(i), c, cluster, False) for i in bad],
         empty_reason="" if fits.any() else _why_nothing_fits(cols, ok, cluster),

@@ -581,12 +581,14 @@ def state_terms(r: Rates, cols: LayoutColumns, layers, stage_params, shard_param
                                             m, fwd_mb_s, bwd_mb_s))
     if activity is None:
         keys = (_stage_rows(layers, stage_params, stage_rows, shape), dp_local, dp, zero)
-    else:  # (stage, dp_local, dp) is the same within an activity group: grouped on its rows
-        one = activity[0]
+    else:  # (stage, the whole dp group) is the same within an activity group: grouped on its
+        one = activity[0]  # rows; the HSDP shard group (dp_shard, a state field) per row
+        whole = cols["dp"][one] * (cols["cp"][one] if "cp" in cols else 1)
         stage_keys = group_rows(_stage_rows(layers[one], stage_params[one],
                                             None if stage_rows is None else stage_rows[one],
-                                            one.shape), dp_local[one], dp[one])[1]
-        keys = (stage_keys.take(activity[1]) * 4 + zero,)
+                                            one.shape),
+                                np.minimum(np.maximum(node // tp[one], 1), whole), whole)[1]
+        keys = (stage_keys.take(activity[1]) * 4 + zero,) + ((dp,) if "dp_shard" in cols else ())
     pp_v = [np.broadcast_to(cols[c], shape) for c in ("pp", "virtual_stages")]  # interleaving
     coll = on_distinct(lambda rows: collective_times(
         r, layers, stage_params, dp_local, dp, bucket, sizes, rows), *keys)
@@ -625,7 +627,8 @@ def state_terms(r: Rates, cols: LayoutColumns, layers, stage_params, shard_param
         return {"total": total, "exposed": exposed}
 
     dp_comm = dp_terms(np.arange(shape[0])) if activity is None else \
-        on_distinct(dp_terms, activity[1], zero, engine)
+        on_distinct(dp_terms, activity[1], zero, engine,
+                    *((cols["dp_shard"],) if "dp_shard" in cols else ()))
     dp_total, dp_exposed = dp_comm["total"], dp_comm["exposed"]
 
     def offloading(rows):  # rows with the optimizer or the parameters off the GPU

@@ -171,10 +171,31 @@ _DP_ENGINE = ("Sharded data parallelism engine: deepspeed (ZeRO) or fsdp2 (PyTor
               "--zero 3 = reshard_after_forward true, 2 = false).")
 _DP_SHARD = ("HSDP shard group size: states sharded over dp_shard ranks, replicated over "
              "dp / dp_shard groups (FSDP2 2-D mesh; FSDP1 HYBRID_SHARD). Must divide dp; needs "
-             "--dp-engine fsdp2 --zero 3 or 2 (default: the whole dp group; the sweep pins it, "
-             "never enumerates it).")
+             "--dp-engine fsdp2 --zero 3 or 2 (default: the whole dp group).")
 DpShardOpt = Annotated[Optional[int], typer.Option(
     "--dp-shard", min=1, callback=int64, help=_DP_SHARD, rich_help_panel=LAYOUT)]
+_SWEEP_DP_SHARD = ("HSDP shard groups searched: auto (default: every FSDP2 ZeRO-2/3 layout also "
+                   "with each whole-node shard group below dp, docs/sweep.md), none (every layout "
+                   "shards over its whole dp group), or a comma list (e.g. 8,16) pinning dp_shard "
+                   "to those values.")
+SweepDpShardOpt = Annotated[Optional[str], typer.Option(
+    "--dp-shard", help=_SWEEP_DP_SHARD, rich_help_panel=LAYOUT)]
+
+
+def sweep_dp_shard(text: str | None) -> tuple[int, ...] | None:
+    """`--dp-shard` of the sweep as `Constraints.dp_shard`: auto (or absent) None, none (0,),
+    a comma list of positive integers that tuple; else PlanInputError naming the option."""
+    if text is None or text.strip() == "auto":
+        return None
+    if text.strip() == "none":
+        return (0,)
+    values = [v.strip() for v in text.split(",")]
+    if all(v.isascii() and v.isdigit() and 0 < int(v) < 2**63 for v in values):
+        return tuple(int(v) for v in values)
+    raise PlanInputError("--dp-shard", f"{text!r}; allowed: auto, none, or positive integers "
+                                       "like 8,16")
+
+
 DpEngineOpt = Annotated[Optional[str], typer.Option("--dp-engine", help=_DP_ENGINE, rich_help_panel=LAYOUT)]
 ZeroOpt = Annotated[Optional[int], typer.Option("--zero", min=0, max=3, help=_ZERO, rich_help_panel=LAYOUT)]
 OffloadOptimizerOpt = Annotated[Optional[str], typer.Option(

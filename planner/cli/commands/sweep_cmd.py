@@ -113,7 +113,7 @@ def register(app: typer.Typer) -> None:
         micro_batch: opt.MicroBatchPinsOpt = None,
         recompute: opt.RecomputePinsOpt = None,
         dp_engine: opt.DpEnginePinsOpt = None,
-        dp_shard: opt.DpShardOpt = None,
+        dp_shard: opt.SweepDpShardOpt = None,
         offload_optimizer: opt.OffloadOptimizerPinsOpt = None,
         offload_params: opt.OffloadParamsPinsOpt = None,
         no_offload: Annotated[bool, typer.Option("--no-offload", help="Keep everything on the GPUs.")] = False,
@@ -191,7 +191,7 @@ def register(app: typer.Typer) -> None:
             sequence_parallel=sp_pins,
             max_tp=max_tp, max_pp=max_pp, max_virtual_stages=max_virtual_stages,
             allow_cross_node_tp=allow_cross_node_tp, flash_attention=flash_attention is not False,
-            buffers=buffers, megatron_overlap=overlap, dp_shard=dp_shard,
+            buffers=buffers, megatron_overlap=overlap, dp_shard=opt.sweep_dp_shard(dp_shard),
         )
         if any(z not in (0, 1, 2, 3) for z in constraints.zero_stage or ()):
             raise PlanInputError("zero", f"ZeRO stages are 0, 1, 2, 3; got {zero}")

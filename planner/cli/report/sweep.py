@@ -35,10 +35,17 @@ def layout_label(row: SweepRow) -> str:
     return " ".join(parts)
 
 
+def shard_cell(row: SweepRow) -> str:
+    """The HSDP shard group (`Layout.dp_shard`) when smaller than dp, else `-` (states over the
+    whole dp group)."""
+    lay = row.layout
+    return str(lay.dp_shard) if lay.dp_shard is not None and lay.dp_shard < lay.dp else "-"
+
+
 def _layout_cells(row: SweepRow) -> list[str]:
     lay = row.layout
-    return [str(lay.tp), str(lay.pp), str(lay.dp), str(lay.cp), str(lay.virtual_stages), layout_label(row),
-            str(lay.micro_batch), str(lay.grad_accum)]
+    return [str(lay.tp), str(lay.pp), str(lay.dp), shard_cell(row), str(lay.cp),
+            str(lay.virtual_stages), layout_label(row), str(lay.micro_batch), str(lay.grad_accum)]
 
 
 def ranked_table(result: SweepResult) -> Table:
@@ -46,7 +53,7 @@ def ranked_table(result: SweepResult) -> Table:
     table = new_table(f"{result.model} on {result.cluster}: {result.num_gpus} GPUs, "
                         f"best {len(result.top)} of {result.fitting} fitting "
                         f"({result.evaluated} evaluated), by {result.sort}")
-    for name in ("#", "tp", "pp", "dp", "cp", "v", "states", "mb", "ga", "step", "tok/s", "MFU",
+    for name in ("#", "tp", "pp", "dp", "shard", "cp", "v", "states", "mb", "ga", "step", "tok/s", "MFU",
                  "days", "GPU-h", "peak GiB", "free GiB"):
         table.add_column(name, justify="left" if name == "states" else "right")
     for rank, row in enumerate(result.top, start=1):
@@ -70,16 +77,25 @@ def cp_note(result: SweepResult) -> list[str]:
     if plain is None:
         return [line + "; no layout without context parallelism fits"]
     est, p = plain.estimate, plain.layout
-    return [line + f"; the best without it, tp {p.tp} pp {p.pp} dp {p.dp} {layout_label(plain)}, "
+    return [line + f"; the best without it, tp {p.tp} pp {p.pp} dp {p.dp} shard {shard_cell(plain)} "
+            f"{layout_label(plain)}, "
             f"takes {fmt_seconds(est.step_s)} (recompute {est.recompute_s:.2f} s, offload "
             f"{est.offload_s:.2f} s, tp {est.tp_comm_s:.2f} s): "
             f"{1 - best.estimate.step_s / est.step_s:.1%} less step time with cp"]
 
 
 def variant_notes(result: SweepResult) -> list[str]:
-    """One line per ranked row that folds near-identical layouts (sweep.collapse_variants)."""
-    return [f"#{rank} also as offload optimizer/params {', '.join(row.variants)} (same fit, "
-            f"step within 0.5 %)" for rank, row in enumerate(result.top, start=1) if row.variants]
+    """One line per ranked row that folds near-identical layouts (sweep.collapse_variants):
+    other offload targets, or other HSDP shard groups (`dp_shard=N`)."""
+    lines = []
+    for rank, row in enumerate(result.top, start=1):
+        shards = [v for v in row.variants if v.startswith("dp_shard=")]
+        offloads = [v for v in row.variants if v not in shards]
+        parts = ([f"offload optimizer/params {', '.join(offloads)}"] if offloads else []) + \
+            ([f"HSDP {', '.join(shards)}"] if shards else [])
+        if parts:
+            lines.append(f"#{rank} also as {' and '.join(parts)} (same fit, step within 0.5 %)")
+    return lines
 
 
 def breakdown_table(row: SweepRow) -> Table:
@@ -102,7 +118,7 @@ def breakdown_table(row: SweepRow) -> Table:
 def rejected_table(result: SweepResult) -> Table:
     """The fastest layouts that do not fit, and why."""
     table = new_table(f"fastest rejected layouts ({result.evaluated - result.fitting} rejected)")
-    for name in ("tp", "pp", "dp", "cp", "v", "states", "mb", "ga", "step", "rejected because"):
+    for name in ("tp", "pp", "dp", "shard", "cp", "v", "states", "mb", "ga", "step", "rejected because"):
         table.add_column(name, justify="left" if name in ("states", "rejected because") else "right")
     for row in result.rejected:
         table.add_row(*_layout_cells(row), fmt_seconds(row.estimate.step_s), row.reason)
@@ -112,13 +128,13 @@ def rejected_table(result: SweepResult) -> Table:
 def scaling_table(results: list[SweepResult]) -> Table:
     """Best layout per GPU count; scaling efficiency = tokens/s per GPU vs the first count."""
     table = new_table("scaling: best layout per GPU count")
-    for name in ("GPUs", "tp", "pp", "dp", "cp", "v", "states", "mb", "ga", "step", "tokens/s", "MFU",
+    for name in ("GPUs", "tp", "pp", "dp", "shard", "cp", "v", "states", "mb", "ga", "step", "tokens/s", "MFU",
                  "days", "scaling eff."):
         table.add_column(name, justify="left" if name == "states" else "right")
     base = None
     for result in results:
         if not result.top:
-            table.add_row(str(result.num_gpus), *["-"] * 12, "no fit")
+            table.add_row(str(result.num_gpus), *["-"] * 13, "no fit")
             continue
         row = result.top[0]
         per_gpu = row.estimate.tokens_per_s / result.num_gpus
