@@ -193,3 +193,27 @@ def test_accelerate_fsdp1_hybrid_shard_is_read_with_the_node_as_shard_group(tmp_
                            num_gpus=None, seq_len=4096, tokens=1e9, optimizer="adamw",
                            micro_batch=1).layout
     assert (lay.dp_shard, lay.zero_stage) == (8, 2)  # HYBRID_SHARD_ZERO2 = SHARD_GRAD_OP per node
+
+
+def test_accelerate_export_of_an_autocast_plan_reads_back_with_the_same_memory(tmp_path: Path):
+    """accelerate's `mixed_precision: bf16` for FSDP is fp32 parameters under torch.autocast,
+    the autocast-bf16 recipe (planner/io/accelerate_config.py). Exporting an autocast-bf16 plan
+    and checking the file must give the same recipe, layout and peak (the same printed line); the
+    plan names transformers' SDPA blocks, which the accelerate reader assumes."""
+    job = tmp_path / "job.yaml"
+    job.write_text("model: llama2-7b\ncluster: {gpu: a100-80gb, gpus: 128}\n"
+                   "layout: {dp: 128, dp_shard: 8, dp_engine: fsdp2, zero_stage: 3, micro_batch: 1}\n"
+                   "setup: {seq_len: 4096, global_batch: 128, train_tokens: 1e9, "
+                   "precision: autocast-bf16, implementation: hf-sdpa}\n")
+    checked = runner.invoke(app, ["check", str(job)])
+    assert checked.exit_code == 0, checked.output
+    out = tmp_path / "acc.yaml"
+    exported = runner.invoke(app, ["export", "-f", "accelerate-fsdp", "--job", str(job), "-o", str(out)])
+    assert exported.exit_code == 0, exported.output
+    assert "mixed_precision: bf16" in out.read_text()
+    back = runner.invoke(app, ["check", "--accelerate-config", str(out), "-m", "llama2-7b",
+                               "--gpu", "a100-80gb", "--micro-batch", "1", "--seq-len", "4096"])
+    assert back.exit_code == 0, back.output
+    verdict = [line for line in checked.output.splitlines() if line.startswith("FITS")]
+    assert verdict and verdict[0] in back.output
+    assert "autocast-bf16" in verdict[0]

@@ -9,8 +9,12 @@ Mapping (FSDP2 = torch.distributed.fsdp.fully_shard):
 - fsdp_offload_params (CPUOffloadPolicy) moves parameters, gradients and the optimizer step to
   the CPU together: the layout must offload both optimizer and parameters to cpu.
 - fsdp_activation_checkpointing wraps every transformer layer: recompute=full.
-- mixed_precision bf16 / fp16 / no. FSDP2 keeps fp32 sharded parameters and casts to bf16 for
-  compute, so the 16 bytes/param of bf16-mixed are an approximation of its split.
+- mixed_precision bf16 / fp16 / no. accelerate runs FSDP2 with fp32 sharded parameters and
+  compute under torch.autocast: exactly the autocast-bf16 / autocast-fp16 / fp32 recipes, which
+  is how `check --accelerate-config` reads the file back (planner/io/accelerate_config.py). The
+  16-bit-model recipes bf16-mixed / zero-fp16 are written as bf16 / fp16 too: the same 16
+  bytes/param of model states split differently (2 + 2 + 12 against 4 + 4 + 8), an
+  approximation, so a round trip of such a plan comes back as the autocast recipe.
 - More than one machine: `accelerate launch` (accelerate 1.15.0 `commands/launch.py`
   `_validate_launch_command`) copies a top-level config value into its arguments only when the
   command-line default is None. `--rdzv_backend` defaults to "static" and `--same_network` to
@@ -28,7 +32,8 @@ from planner.core.errors import PlanInputError
 from planner.io.torchrun import nodes_and_procs
 from planner.core.spec import Cluster, Layout, TrainSetup
 
-_MIXED_PRECISION = {"bf16-mixed": "bf16", "zero-fp16": "fp16", "fp32": "no"}
+_MIXED_PRECISION = {"autocast-bf16": "bf16", "autocast-fp16": "fp16", "fp32": "no",
+                    "bf16-mixed": "bf16", "zero-fp16": "fp16"}
 MAIN_PROCESS_PORT = 29500  # accelerate's default when main_process_port is unset (prepare_multi_gpu_env)
 
 
