@@ -702,6 +702,11 @@ class Layout(Frozen):
     def num_gpus(self) -> int:
         return self.tp * self.cp * self.pp * self.dp
 
+    @property
+    def recompute_label(self) -> str:
+        """The recompute mode as reports show it: `block:n` with its count, else the mode."""
+        return f"block:{self.recompute_num_layers}" if self.recompute == "block" else self.recompute
+
     @model_validator(mode="after")
     def _check(self) -> Layout:
         from planner.core.columns import CODED  # the rule table reads coded columns
