@@ -346,7 +346,8 @@ def data_row_build(run: PublicRun, level: float | None = None
     layout = Layout(tp=run.tp, pp=run.pp, dp=run.dp, cp=run.cp, zero_stage=data_zero_stage(run),
                     virtual_stages=run.virtual_stages,
                     dp_engine=data_dp_engine(run), dp_shard=run.dp_shard,
-                    recompute=recompute, micro_batch=run.micro_batch, grad_accum=m,
+                    recompute=recompute, recompute_num_layers=run.recompute_num_layers,
+                    micro_batch=run.micro_batch, grad_accum=m,
                     first_stage_layers=first, last_stage_layers=last,
                     sequence_parallel=(fused and run.tp > 1 if run.sequence_parallel is None
                                        else run.sequence_parallel),
