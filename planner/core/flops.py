@@ -160,6 +160,11 @@ def forward_repeat_share(num_layers: int, cols) -> np.ndarray:
     first / last stages, a named approximation)."""
     from planner.core.columns import RECOMPUTE_MODES, on_distinct
 
+    codes = np.asarray(cols["recompute"])
+    block = codes == RECOMPUTE_MODES.index("block")
+    if not block.any():  # 1 for full / every_k, 0 otherwise: no grouping needed
+        return np.isin(codes, [RECOMPUTE_MODES.index("full"),
+                               RECOMPUTE_MODES.index("every_k")]).astype(np.float64)
     keys = [cols[k] if k in cols else np.full(len(cols), d, dtype=np.int64) for k, d in (
         ("recompute", 0), ("recompute_num_layers", 0), ("pp", 1), ("virtual_stages", 1),
         ("first_stage_layers", 0), ("last_stage_layers", 0))]

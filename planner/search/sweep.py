@@ -302,11 +302,11 @@ def enumerate_product(model: ModelSpec, cluster: Cluster, setup: TrainSetup, c: 
         zero_stage=states[state, 0], offload_optimizer=states[state, 1],
         offload_params=states[state, 2], dp_engine=states[state, 3], recompute=recompute[r],
         sequence_parallel=seq_par[s],
-        recompute_every_k=np.ones(len(pair), dtype=np.int64),
-        recompute_num_layers=np.where(recompute[r] == RECOMPUTE_MODES.index("block"),
-                                      c.recompute_num_layers or 0, 0))
+        recompute_every_k=np.ones(len(pair), dtype=np.int64))
     key = (pair * len(recompute) + r) * len(seq_par) + s
-    if c.recompute and "block" in c.recompute:  # the pinned n, masked by its rule
+    if c.recompute and "block" in c.recompute:  # the pinned n (a column only then), its rule
+        cols = cols.with_columns(recompute_num_layers=np.where(
+            recompute[r] == RECOMPUTE_MODES.index("block"), c.recompute_num_layers or 0, 0))
         block_ok, block_rejected = rules.mask(ctx, cols, rules.named(rules.BLOCK_RULE))
         rejected |= block_rejected
         cols, key = cols.take(block_ok), key[block_ok]
