@@ -275,6 +275,8 @@ def data_category(run: PublicRun) -> str:
         return "moe"
     if run.dp_shard is not None and run.dp_shard < run.dp:
         return "hsdp"  # reported apart: evaluated once, after HSDP was built (session 12, h10)
+    if run.recompute == "block":  # reported apart: evaluated once, after partial recompute
+        return "block-ac"  # (`recompute: block`) was built (session 13, t10e)
     if data_zero_stage(run) == 3 or "fsdp" in run.engine:
         return "zero3-fsdp"
     if run.gpu.startswith("a100"):
@@ -346,7 +348,8 @@ def data_row_build(run: PublicRun, level: float | None = None
     layout = Layout(tp=run.tp, pp=run.pp, dp=run.dp, cp=run.cp, zero_stage=data_zero_stage(run),
                     virtual_stages=run.virtual_stages,
                     dp_engine=data_dp_engine(run), dp_shard=run.dp_shard,
-                    recompute=recompute, micro_batch=run.micro_batch, grad_accum=m,
+                    recompute=recompute, recompute_num_layers=run.recompute_num_layers,
+                    micro_batch=run.micro_batch, grad_accum=m,
                     first_stage_layers=first, last_stage_layers=last,
                     sequence_parallel=(fused and run.tp > 1 if run.sequence_parallel is None
                                        else run.sequence_parallel),
@@ -599,9 +602,14 @@ def main(argv: list[str] | None = None) -> None:
     print("\n".join(split_group_report(rows)))
     print("\nout_of_sample_5 (NVIDIA dgxc-benchmarking v25.01, NeMo BF16 on H100, seen since s12) by model")
     print("\n".join(split_family_report(rows)))
-    print("\nout_of_sample_6 (IBM / PyTorch fms-fsdp, FSDP1 FULL_SHARD; every-k-th-block AC"
-          " rows not modelled) by GPU and nodes")
-    print("\n".join(split_group_report([r for r in rows if r[2] != "hsdp"], "out_of_sample_6")))
+    print("\nout_of_sample_6 (IBM / PyTorch fms-fsdp, FSDP1 FULL_SHARD; no AC / full AC rows)"
+          " by GPU and nodes")
+    print("\n".join(split_group_report([r for r in rows if r[2] not in ("hsdp", "block-ac")],
+                                        "out_of_sample_6")))
+    print("\nout_of_sample_6 every-k-th-block rows (fms 'Selective AC', k = 2 derived from the "
+          "README's HFU/MFU), evaluated once after partial recompute was built (session 13, t10e)")
+    print("\n".join(split_group_report([r for r in rows if r[2] == "block-ac"], "out_of_sample_6",
+                                        "oos_6 block AC")))
     print("\nout_of_sample_6 HSDP rows (fms-fsdp HYBRID_SHARD, dp_shard 8), evaluated once after"
           " HSDP was built (session 12, h10), by GPU and nodes")
     print("\n".join(split_group_report([r for r in rows if r[2] == "hsdp"], "out_of_sample_6",

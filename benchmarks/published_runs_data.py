@@ -78,7 +78,11 @@ class PublicRun(Frozen):
     """Expert-parallel degree; the experts are split over `ep` ranks inside the `dp` ranks."""
     global_batch: int | None
     micro_batch: int | None
-    recompute: Literal["none", "selective", "full", "unknown"]
+    recompute: Literal["none", "selective", "full", "block", "unknown"]
+    recompute_num_layers: int | None = Field(default=None, gt=0)
+    """For recompute `block` (`Layout.recompute_num_layers`): the blocks of each pipeline chunk
+    recomputed (Megatron --recompute-num-layers with --recompute-method block; fms-fsdp /
+    torchtitan every k-th of L blocks: floor(L / k))."""
     megatron_overlap: tuple[Literal["tp_comm", "grad_reduce", "param_gather"], ...] | None = None
     """Megatron-Core overlaps the source states (--tp-comm-overlap, --overlap-grad-reduce,
     --overlap-param-gather); None: the row is not evaluated as a Megatron-Core run."""

@@ -88,8 +88,10 @@ def test_recompute_modes():
     every = lay("--recompute-granularity full --recompute-method uniform --recompute-num-layers 2")
     assert (every.recompute, every.recompute_every_k) == ("every_k", 2)
     assert lay("--recompute-granularity full --recompute-method block --recompute-num-layers 8").recompute == "full"
-    with pytest.raises(PlanInputError, match="block with --recompute-num-layers 3 < 8"):
-        lay("--recompute-granularity full --recompute-method block --recompute-num-layers 3")
+    # issue 10 (t10e): block with n < the chunk's 8 layers is read as partial recompute (was
+    # refused before `recompute: block` existed): the first 3 of the 8 recomputed
+    part = lay("--recompute-granularity full --recompute-method block --recompute-num-layers 3")
+    assert (part.recompute, part.recompute_num_layers) == ("block", 3)
     with pytest.raises(PlanInputError, match="needs uniform or block"):
         lay("--recompute-granularity full")
     assert lay("--tensor-model-parallel-size 1 --sequence-parallel").sequence_parallel is False

@@ -407,9 +407,12 @@ def test_fms_rows_selection():
     assert {r.gpu: r.num_gpus for r in FMS_ROWS} == {"a100-80gb": 128, "h100-sxm": 96}
     # session 12 (h10): the 7B rows' not_modelled was lifted once HSDP (Layout.dp_shard) was
     # committed, with dp_shard 8 = one node's GPUs (fms-fsdp 4ffb9bd HYBRID_SHARD without a
-    # process group); the 13B rows stay not_modelled
-    not_modelled = sorted(r.name for r in FMS_ROWS if r.not_modelled)
-    assert not_modelled == sorted(["fms-llama2-13b-a100-128gpu", "fms-llama2-13b-h100-96gpu"])
+    # process group). Session 13 (t10e): the 13B rows' not_modelled was lifted once partial
+    # recompute (`recompute: block`) was committed, with k = 2 of fms's every-k-th-block AC
+    # derived from the README's HFU / MFU (the derivation is the YAML comment): n = 40 // 2
+    assert not [r.name for r in FMS_ROWS if r.not_modelled]
+    block = sorted((r.name, r.recompute_num_layers) for r in FMS_ROWS if r.recompute == "block")
+    assert block == [("fms-llama2-13b-a100-128gpu", 20), ("fms-llama2-13b-h100-96gpu", 20)]
     hsdp = sorted((r.name, r.dp_shard) for r in FMS_ROWS if r.dp_shard is not None)
     assert hsdp == [("fms-llama2-7b-a100-128gpu", 8), ("fms-llama2-7b-h100-96gpu", 8)]
     for r in FMS_ROWS:

@@ -15,7 +15,7 @@ from planner.core.spec import Frozen, Layout
 
 LAYOUT_NUMBERS = {  # int / int | None / Literal[0, 1, 2, 3] fields of Layout
     "tp", "pp", "dp", "dp_shard", "ep", "cp", "virtual_stages", "first_stage_layers", "last_stage_layers",
-    "zero_stage", "recompute_every_k", "micro_batch", "grad_accum",
+    "zero_stage", "recompute_every_k", "recompute_num_layers", "micro_batch", "grad_accum",
 }
 
 

@@ -21,7 +21,7 @@ import numpy as np
 from planner.core.spec import CpCommType, EngineBuffers, Layout, OffloadTarget, RecomputeMode
 
 OFFLOAD_TARGETS: tuple[OffloadTarget, ...] = ("none", "cpu", "nvme")
-RECOMPUTE_MODES: tuple[RecomputeMode, ...] = ("none", "selective", "full", "every_k")
+RECOMPUTE_MODES: tuple[RecomputeMode, ...] = ("none", "selective", "full", "every_k", "block")
 
 DP_ENGINES = ("deepspeed", "fsdp2")
 CP_COMM_TYPES: tuple[CpCommType, ...] = ("p2p", "a2a")
@@ -29,13 +29,14 @@ CODED = {"offload_optimizer": OFFLOAD_TARGETS, "offload_params": OFFLOAD_TARGETS
          "recompute": RECOMPUTE_MODES, "dp_engine": DP_ENGINES, "cp_comm_type": CP_COMM_TYPES}
 """Literal fields stored as the index of their value."""
 FIELDS = ("tp", "pp", "dp", "ep", "virtual_stages", "zero_stage", "offload_optimizer", "offload_params",
-          "recompute", "recompute_every_k", "sequence_parallel", "micro_batch", "grad_accum",
+          "recompute", "recompute_every_k", "recompute_num_layers", "sequence_parallel", "micro_batch",
+          "grad_accum",
           "first_stage_layers", "last_stage_layers", "dp_engine", "cp", "cp_comm_type", "dp_shard")
 """The varying Layout fields, each one column."""
-OPTIONAL = ("first_stage_layers", "last_stage_layers", "dp_shard")
+OPTIONAL = ("first_stage_layers", "last_stage_layers", "dp_shard", "recompute_num_layers")
 """Fields whose None is stored as 0 (a column may be absent: the even split, the whole dp
-group; the sweep adds `dp_shard` unless `--dp-shard none`, 0 on every row sharding over its
-whole dp group)."""
+group, no block recompute; the sweep adds `dp_shard` unless `--dp-shard none`, 0 on every row
+sharding over its whole dp group, and `recompute_num_layers` only when block recompute is pinned)."""
 
 
 class LayoutColumns(Mapping[str, np.ndarray]):

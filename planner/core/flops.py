@@ -11,7 +11,10 @@ Seed and paper citations: docs/references.md
 
 from __future__ import annotations
 
+import numpy as np
+
 from planner.core.errors import PlanInputError
+from planner.core.params import layers_per_stage
 from planner.core.spec import Frozen, Layout, ModelSpec, TrainSetup
 
 SECONDS_PER_DAY = 86_400
@@ -114,13 +117,18 @@ def recompute_flops(model: ModelSpec, layout: Layout, batch: float, seq_len: int
     """Extra forward work of activation recompute and of flash attention's backward.
 
     full / every_k: one more forward of every block (each segment re-runs once; seed 004 §1.4,
-    the 8PD rule). selective: the attention core, QKᵀ and scores·V, 4·B·s²·(a·d) per block
-    (Korthikanti §5). Flash attention's backward recomputes S = QKᵀ (Dao 2023, FlashAttention-2
-    §3.1.2 / Algorithm 2): 2·B·s²·(a·d) per block, on top of any recompute.
+    the 8PD rule). block: one more forward of the `recomputed_blocks` (their share of the
+    blocks' forward; a named approximation for models mixing dense and MoE blocks). selective:
+    the attention core, QKᵀ and scores·V, 4·B·s²·(a·d) per block (Korthikanti §5). Flash
+    attention's backward recomputes S = QKᵀ (Dao 2023, FlashAttention-2 §3.1.2 / Algorithm 2):
+    2·B·s²·(a·d) per block, on top of any recompute.
     """
     layers = model.num_layers
-    if layout.recompute in ("full", "every_k"):
-        extra = blocks_forward_flops(model, batch, seq_len)
+    if layout.recompute in ("full", "every_k", "block"):
+        extra = blocks_forward_flops(model, batch, seq_len) * recomputed_blocks(
+            layers, layout.recompute, layout.recompute_num_layers or 0, layout.pp,
+            layout.virtual_stages, layout.first_stage_layers or 0,
+            layout.last_stage_layers or 0) / layers
     elif layout.recompute == "selective":
         extra = layers * attention_core_flops(model, batch, seq_len)
     else:
@@ -128,6 +136,44 @@ def recompute_flops(model: ModelSpec, layout: Layout, batch: float, seq_len: int
     if layout.flash_attention:
         extra += layers * attention_core_flops(model, batch, seq_len) / 2
     return extra
+
+
+def recomputed_blocks(num_layers: int, recompute: str, recompute_num_layers: int, pp: int,
+                      virtual_stages: int, first: int = 0, last: int = 0) -> int:
+    """Blocks whose forward runs again in backward: all of them under full / every_k; under
+    block, min(n, chunk) of each of the v model chunks of each stage (Megatron-LM
+    megatron/core/recompute.py, method "block", commit d98e8a64; stages as
+    `params.layers_per_stage`, first / last 0 = the even split); none otherwise."""
+    if recompute in ("full", "every_k"):
+        return num_layers
+    if recompute != "block":
+        return 0
+    stages = layers_per_stage(num_layers, pp, first or None, last or None)
+    return sum(virtual_stages * min(recompute_num_layers, n // virtual_stages) for n in stages)
+
+
+def forward_repeat_share(num_layers: int, cols) -> np.ndarray:
+    """Per layout row (`LayoutColumns`), the share of the blocks whose forward runs again in
+    backward: `recomputed_blocks` / num_layers (1 full / every_k, 0 none / selective), once per
+    distinct (recompute, n, pp, v, first, last). The step model charges the pacing stage
+    with this share of its blocks (exact for an even split; the model-wide share under uneven
+    first / last stages, a named approximation)."""
+    from planner.core.columns import RECOMPUTE_MODES, on_distinct
+
+    codes = np.asarray(cols["recompute"])
+    block = codes == RECOMPUTE_MODES.index("block")
+    if not block.any():  # 1 for full / every_k, 0 otherwise: no grouping needed
+        return np.isin(codes, [RECOMPUTE_MODES.index("full"),
+                               RECOMPUTE_MODES.index("every_k")]).astype(np.float64)
+    keys = [cols[k] if k in cols else np.full(len(cols), d, dtype=np.int64) for k, d in (
+        ("recompute", 0), ("recompute_num_layers", 0), ("pp", 1), ("virtual_stages", 1),
+        ("first_stage_layers", 0), ("last_stage_layers", 0))]
+
+    def share(rows: np.ndarray) -> dict[str, np.ndarray]:
+        return {"share": np.array([recomputed_blocks(num_layers, RECOMPUTE_MODES[r], *rest) / num_layers
+                                   for r, *rest in np.stack([k[rows] for k in keys], 1).tolist()])}
+
+    return on_distinct(share, *keys)["share"]
 
 
 class FlopsBreakdown(Frozen):

@@ -40,6 +40,7 @@ from planner.core.spec import Cluster, ModelSpec, TrainSetup, ceil_div
 NVME = OFFLOAD_TARGETS.index("nvme")
 FSDP2 = DP_ENGINES.index("fsdp2")
 EVERY_K = RECOMPUTE_MODES.index("every_k")
+BLOCK = RECOMPUTE_MODES.index("block")
 HF_RECOMPUTE = (RECOMPUTE_MODES.index("none"), RECOMPUTE_MODES.index("full"))
 """transformers' models recompute nothing or whole blocks (gradient checkpointing)."""
 
@@ -157,6 +158,34 @@ def _uneven_ok(ctx: Context, c: LayoutColumns):
     return ~uneven | ok
 
 
+def largest_chunk_layers(num_layers: int, c: LayoutColumns):
+    """Blocks of the largest model chunk: the largest stage (`params.layers_per_stage`: the
+    first / last / middle counts under an uneven split, else ceil(L / pp)) / virtual_stages."""
+    first, last, uneven = _split(c)
+    pp, v = c["pp"], c["virtual_stages"]
+    given = (np.asarray(first) > 0).astype(int) + (np.asarray(last) > 0).astype(int)
+    mid_stages = np.maximum(pp - given, 1)
+    per = (num_layers - first - last) // mid_stages
+    stage = np.where(uneven, np.maximum(np.maximum(first, last), per), -(-num_layers // pp))
+    return stage // v
+
+
+def _block_ok(ctx: Context, c: LayoutColumns):
+    return (c["recompute"] != BLOCK) | (
+        c["recompute_num_layers"] <= largest_chunk_layers(ctx.model.num_layers, c))
+
+
+def _block_message(ctx: Context, r: dict[str, int]) -> str:
+    cols = LayoutColumns({k: np.array([v]) for k, v in r.items()})
+    largest = int(largest_chunk_layers(ctx.model.num_layers, cols)[0])
+    first, last = r.get("first_stage_layers") or None, r.get("last_stage_layers") or None
+    return (f"recompute_num_layers={r['recompute_num_layers']} exceeds the {largest} blocks of the "
+            f"largest model chunk (num_layers={ctx.model.num_layers}, pp={r['pp']}, "
+            f"virtual_stages={r['virtual_stages']}, first_stage_layers={first}, "
+            f"last_stage_layers={last}); allowed: 1 to {largest} (Megatron-LM recompute.py, "
+            "method block: the first n blocks of each chunk)")
+
+
 def _uneven_message(ctx: Context, r: dict[str, int]) -> str:
     first, last = r.get("first_stage_layers") or None, r.get("last_stage_layers") or None
     return (f"first_stage_layers={first}, last_stage_layers={last} with pp={r['pp']}, "
@@ -231,6 +260,8 @@ def _world_message(x: Context, r: dict[str, int]) -> str:
 
 DP_SHARD_RULE = "dp_shard must divide dp; HSDP needs FSDP2 at ZeRO-2/3"
 """Name of the HSDP rule (the sweep applies it to its dp_shard column)."""
+BLOCK_RULE = "recompute_num_layers must not exceed the largest model chunk"
+"""Name of the block-recompute rule (the sweep applies it to its pinned recompute_num_layers)."""
 
 TP_RULE_NAME = "tp must divide heads and the MLP width, and divide or be a multiple of the kv heads"
 """Name of the tp rule (the sweep prints it; activations.check_tp checks it by name)."""
@@ -334,6 +365,8 @@ RULES: tuple[Rule, ...] = LAYOUT_RULES + (
          lambda x, r: (f"recompute_every_k={r['recompute_every_k']} exceeds the layers per stage "
                        f"{ceil_div(x.model.num_layers, r['pp'])} (num_layers={x.model.num_layers}, "
                        f"pp={r['pp']})")),
+    Rule(BLOCK_RULE, "recompute_num_layers",
+         ("pp", "virtual_stages", "recompute", "recompute_num_layers"), _block_ok, _block_message),
     Rule("sequence parallel needs tp to divide seq_len", "seq_len", ("tp", "sequence_parallel"),
          lambda x, c: ~c["sequence_parallel"].astype(bool)
          | (x.seq_len % (c["tp"] * c.get("cp", 1)) == 0),

@@ -34,7 +34,7 @@ def ceil_div(a: int, b: int) -> int:
 
 Dtype = Literal["fp32", "tf32", "fp16", "bf16", "fp8", "int8"]
 OffloadTarget = Literal["none", "cpu", "nvme"]
-RecomputeMode = Literal["none", "selective", "full", "every_k"]
+RecomputeMode = Literal["none", "selective", "full", "every_k", "block"]
 TempoTechnique = Literal["gelu", "layernorm", "dropout"]
 CpCommType = Literal["p2p", "a2a"]
 
@@ -664,9 +664,19 @@ class Layout(Frozen):
     """Where the fp16/bf16 parameters live between uses; needs ZeRO-3."""
     recompute: RecomputeMode = "none"
     """Activation recompute: none; selective (attention core, Korthikanti et al.);
-    full (keep each layer's input); every_k (keep the input of every k-th layer)."""
+    full (keep each layer's input); every_k (keep the input of every k-th layer); block (the
+    first `recompute_num_layers` blocks of each chunk fully recomputed, the rest keep all)."""
     recompute_every_k: int = Field(default=1, gt=0)
     """For `every_k`: layers per checkpointed segment (ZeRO-Infinity's ci)."""
+    recompute_num_layers: int | None = Field(default=None, gt=0)
+    """For `block` (Megatron-LM `--recompute-method block --recompute-num-layers n`): the first
+    n blocks of every model chunk (each pipeline stage; each virtual chunk under interleaving)
+    keep only their input and are recomputed, the others keep everything. A chunk of fewer
+    than n blocks recomputes all of them, as Megatron does (megatron/core/recompute.py
+    `checkpointed_forward`, method "block", commit d98e8a64: `layer_idx < recompute_num_layers`
+    over the chunk's `num_layers_per_pipeline_rank = len(self.layers)`); n must not exceed the
+    largest chunk (rule table). fms-fsdp / torchtitan's every-k-th-block AC over L blocks is
+    n = floor(L / k) (docs/activations.md). Needed by `block`, refused with the other modes."""
     sequence_parallel: bool = False
     """Megatron sequence parallelism: norms and dropouts split over the tp ranks."""
     flash_attention: bool = True
@@ -692,6 +702,11 @@ class Layout(Frozen):
     def num_gpus(self) -> int:
         return self.tp * self.cp * self.pp * self.dp
 
+    @property
+    def recompute_label(self) -> str:
+        """The recompute mode as reports show it: `block:n` with its count, else the mode."""
+        return f"block:{self.recompute_num_layers}" if self.recompute == "block" else self.recompute
+
     @model_validator(mode="after")
     def _check(self) -> Layout:
         from planner.core.columns import CODED  # the rule table reads coded columns
@@ -705,6 +720,10 @@ class Layout(Frozen):
         error = layout_error(coded)
         if error:
             raise ValueError(error)
+        if (self.recompute == "block") != (self.recompute_num_layers is not None):
+            raise ValueError(f"recompute_num_layers={self.recompute_num_layers} with recompute="
+                             f"{self.recompute}: block needs it (the first n blocks of each "
+                             "pipeline chunk recomputed), the other modes take none")
         if len(set(self.tempo)) != len(self.tempo):
             raise ValueError(f"tempo: techniques repeat {list(self.tempo)}")
         if self.megatron_overlap is not None:

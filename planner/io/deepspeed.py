@@ -352,7 +352,7 @@ def deepspeed_config(model: ModelSpec, layout: Layout, setup: TrainSetup,
     train_batch_size = micro x grad_accum x dp (runtime/config.py _batch_assertion). tp and pp
     are not DeepSpeed keys: give them to the training script (and to `zplan check`).
     """
-    if layout.recompute in ("selective", "every_k"):
+    if layout.recompute in ("selective", "every_k", "block"):
         raise PlanInputError(
             "recompute", f"{layout.recompute} has no DeepSpeed config key; use none or full (or --format megatron)"
         )

@@ -278,14 +278,22 @@ def _recompute(args: Args, layers_per_chunk: int) -> dict[str, Any]:
     if method == "uniform":  # checkpoint the input of every chunk of `layers` layers
         return {"recompute": "full"} if layers == 1 else {"recompute": "every_k", "recompute_every_k": layers}
     if method == "block":  # recompute the first `layers` layers of each chunk, keep the rest
+        # (megatron/core/recompute.py checkpointed_forward, method "block", commit d98e8a64);
+        # as many as the largest chunk holds: every chunk recomputed whole, full recompute
         if layers >= layers_per_chunk:
             return {"recompute": "full"}
-        raise PlanInputError(
-            "--recompute-method",
-            f"block with --recompute-num-layers {layers} < {layers_per_chunk} layers per stage "
-            "(part recomputed, part kept) is not modelled; use uniform",
-        )
+        return {"recompute": "block", "recompute_num_layers": layers}
     raise PlanInputError("--recompute-method", f"{method!r}: full granularity needs uniform or block")
+
+
+def _largest_chunk(num_layers: int, pp: int, virtual: int, uneven: dict[str, Any]) -> int:
+    """Blocks of the largest model chunk (a stage's blocks / virtual stages; uneven stages as
+    Megatron builds them, `params.layers_per_stage`)."""
+    from planner.core.params import layers_per_stage
+
+    stages = layers_per_stage(num_layers, pp, uneven.get("first_stage_layers"),
+                              uneven.get("last_stage_layers"))
+    return max(stages) // virtual
 
 
 def world_size(launcher: Args, num_gpus: int | None) -> int:
@@ -447,15 +455,16 @@ def job_from_megatron(launcher: Args, args: Args, num_gpus: int | None, name: st
     micro, batch = _batches(args, dp)
     flash = bool(args.get("--use-flash-attn")) or args.get("--attention-backend") in ("flash", "fused")
     flash = flash or (cp > 1 and "--attention-backend" not in args)  # CP runs in TE attention only
+    uneven = _uneven_stages(args, model.num_layers, pp)
     try:
         layout = Layout(
             tp=tp, pp=pp, dp=dp, ep=_int(args, "--expert-model-parallel-size", 1), cp=cp,
-            cp_comm_type=cp_comm, virtual_stages=virtual, **_uneven_stages(args, model.num_layers, pp),
+            cp_comm_type=cp_comm, virtual_stages=virtual, **uneven,
             zero_stage=1 if args.get("--use-distributed-optimizer") else 0,
             sequence_parallel=bool(args.get("--sequence-parallel")) and tp > 1,  # off at tp=1
             flash_attention=flash, micro_batch=micro, grad_accum=batch // (micro * dp),
             megatron_overlap=_overlaps(args),
-            **_recompute(args, ceil_div(model.num_layers, pp * virtual)),
+            **_recompute(args, _largest_chunk(model.num_layers, pp, virtual, uneven)),
         )
     except ValidationError as err:
         raise PlanInputError("megatron", format_validation_error(err)) from None
@@ -573,6 +582,9 @@ def _layout_flags(model: ModelSpec, layout: Layout) -> list[str]:
         k = layout.recompute_every_k if layout.recompute == "every_k" else 1
         flags += ["--recompute-granularity", "full", "--recompute-method", "uniform",
                   "--recompute-num-layers", str(k)]
+    elif layout.recompute == "block":
+        flags += ["--recompute-granularity", "full", "--recompute-method", "block",
+                  "--recompute-num-layers", str(layout.recompute_num_layers)]
     flags += ["--attention-backend", "flash" if layout.flash_attention else "unfused"]
     return flags
 

@@ -340,7 +340,9 @@ def layer_activation_bytes(model: ModelSpec, layout: Layout, seq_len: int, micro
     none: the inventory. selective: the inventory without the attention core (Korthikanti §5:
     sbh(10 + 24/t) without SP, 34sbh/t with SP). full: the block input. every_k: a block that
     starts a segment keeps its input, the others nothing; this returns the former
-    (`layers_kept_bytes` counts a stack of blocks).
+    (`layers_kept_bytes` counts a stack of blocks). block: a block outside the recomputed
+    first n of its chunk, which keeps the inventory (`block_recompute_saved_bytes` takes the
+    recomputed ones off a stack).
     """
     if layout.recompute in ("full", "every_k"):
         return layer_input_bytes(model, layout, seq_len, micro_batch, activation_bytes)
@@ -377,11 +379,33 @@ def layers_kept_bytes(model: ModelSpec, layout: Layout, seq_len: int, micro_batc
                       activation_bytes: int, num_layers: int,
                       fp8_scaling: fp8.Fp8Scaling | None = None) -> int:
     """A stack of `num_layers` blocks under `layout.recompute`: every_k keeps
-    ceil(n / k) checkpoints (seed 000 eq.3 with ci = k), the other modes n x one block."""
+    ceil(n / k) checkpoints (seed 000 eq.3 with ci = k), block keeps n x the inventory less
+    the recomputed blocks' saving (`block_recompute_saved_bytes`), the other modes n x one
+    block."""
     one = layer_activation_bytes(model, layout, seq_len, micro_batch, activation_bytes, fp8_scaling)
     if layout.recompute == "every_k":
         return ceil_div(num_layers, layout.recompute_every_k) * one
-    return num_layers * one
+    return num_layers * one - block_recompute_saved_bytes(
+        model, layout, seq_len, micro_batch, activation_bytes, num_layers, fp8_scaling)
+
+
+def block_recompute_saved_bytes(model: ModelSpec, layout: Layout, seq_len: int, micro_batch: int,
+                                activation_bytes: int, num_layers: int,
+                                fp8_scaling: fp8.Fp8Scaling | None = None) -> int:
+    """What `block` recompute saves on a chunk of `num_layers` blocks: its first
+    r = min(recompute_num_layers, num_layers) blocks keep their input (full recompute's
+    `layer_input_bytes`) instead of the inventory (`layer_saved_bytes`), r x (inventory - input)
+    (Megatron-LM megatron/core/recompute.py `checkpointed_forward`, method "block", commit
+    d98e8a64). 0 for the other modes. Models mixing dense and MoE blocks: the recomputed blocks
+    are taken as the lighter kind (a named approximation, an upper bound on what is kept)."""
+    if layout.recompute != "block":
+        return 0
+    recomputed = min(layout.recompute_num_layers or 0, num_layers)
+    lightest = min(sum(layer_saved_bytes(model, layout, seq_len, micro_batch, activation_bytes,
+                                         fp8_scaling, kind).values())
+                   for kind in params.block_kinds(model))
+    return recomputed * (lightest - layer_input_bytes(model, layout, seq_len, micro_batch,
+                                                      activation_bytes))
 
 
 def mixed_chunk_bytes(model: ModelSpec, layout: Layout, seq_len: int, micro_batch: int,
@@ -395,7 +419,8 @@ def mixed_chunk_bytes(model: ModelSpec, layout: Layout, seq_len: int, micro_batc
                                  fp8_scaling)
     args = (model, layout, seq_len, micro_batch, activation_bytes, fp8_scaling)
     return (moe_layers * layer_activation_bytes(*args, moe=True)
-            + (num_layers - moe_layers) * layer_activation_bytes(*args, moe=False))
+            + (num_layers - moe_layers) * layer_activation_bytes(*args, moe=False)
+            - block_recompute_saved_bytes(*args[:5], num_layers, fp8_scaling))
 
 
 def largest_inventory(model: ModelSpec, layout: Layout, seq_len: int, micro_batch: int,
@@ -413,7 +438,7 @@ def recompute_working_bytes(model: ModelSpec, layout: Layout, seq_len: int, micr
                             activation_bytes: int, num_layers: int,
                             fp8_scaling: fp8.Fp8Scaling | None = None) -> int:
     """Re-materialised during backward on top of what is kept (ZeRO-Infinity's AWM, seed 000
-    eq.4): full = one block's whole inventory, every_k = one segment of min(k, n) blocks,
+    eq.4): full and block = one block's whole inventory, every_k = one segment of min(k, n) blocks,
     selective = one block's attention core plus K, V repeated to the query heads, none = 0.
     A model with dense and MoE blocks: the larger block (an upper bound for a stage of only
     the smaller kind)."""
@@ -423,7 +448,7 @@ def recompute_working_bytes(model: ModelSpec, layout: Layout, seq_len: int, micr
     if layout.recompute == "selective":  # the core, plus K and V repeated to the query heads
         kept = selective_kept_bytes(model, layout, seq_len, micro_batch, activation_bytes, inventory)
         return sum(inventory.values()) - sum(kept.values())
-    segment = 1 if layout.recompute == "full" else min(layout.recompute_every_k, num_layers)
+    segment = min(layout.recompute_every_k, num_layers) if layout.recompute == "every_k" else 1
     return segment * sum(inventory.values())
 
 

@@ -46,6 +46,7 @@ from planner.core import params
 from planner.timing import steptime
 from planner.core.errors import PlanInputError
 from planner.core import rules
+from planner.core import columns
 from planner.core.columns import (CP_COMM_TYPES, DP_ENGINES, OFFLOAD_TARGETS, LayoutColumns,
                                   activity_groups, group_rows, piecewise, unique_ints,
                                   representatives)
@@ -56,7 +57,10 @@ from planner.core.spec import (
 
 SEARCHED_RECOMPUTE = ("none", "selective", "full")
 """Recompute modes the sweep enumerates (codes 0, 1, 2 of columns.RECOMPUTE_MODES)."""
-RECOMPUTE_MODES = SEARCHED_RECOMPUTE
+PINNED_RECOMPUTE = ("block",)
+"""Recompute modes the sweep runs only when pinned (`Constraints.recompute_num_layers`)."""
+PINNABLE_RECOMPUTE = SEARCHED_RECOMPUTE + PINNED_RECOMPUTE
+RECOMPUTE_MODES = columns.RECOMPUTE_MODES
 TARGETS: tuple[OffloadTarget, ...] = OFFLOAD_TARGETS
 
 
@@ -81,6 +85,9 @@ class Constraints(Frozen):
     cp_comm_type: tuple[str, ...] | None = None
     """`Layout.cp_comm_type` values to search for cp > 1 (p2p, a2a); None: both."""
     recompute: tuple[str, ...] | None = None
+    recompute_num_layers: int | None = None
+    """`Layout.recompute_num_layers` of the `block` candidates, pinned (block runs only when
+    pinned in `recompute`, and needs this)."""
     sequence_parallel: tuple[bool, ...] | None = None
     micro_batch: tuple[int, ...] | None = None
     max_tp: int | None = None
@@ -274,7 +281,8 @@ def enumerate_product(model: ModelSpec, cluster: Cluster, setup: TrainSetup, c: 
     pairs = pairs.take(ok & ~cp_dominated(pairs, c))
     states, state_rejected = state_options(model, cluster, setup, c)
     rejected |= state_rejected
-    recompute = _ints([RECOMPUTE_MODES.index(r) for r in SEARCHED_RECOMPUTE if _allowed(r, c.recompute)])
+    recompute = _ints([RECOMPUTE_MODES.index(r) for r in PINNABLE_RECOMPUTE
+                       if _allowed(r, c.recompute) and (r in SEARCHED_RECOMPUTE or c.recompute)])
     rec_ok, _ = rules.mask(ctx, LayoutColumns(dict(recompute=recompute)))  # implementation's modes
     recompute = recompute[rec_ok]
     seq_par = np.array([s for s in (False, True) if _allowed(s, c.sequence_parallel)], dtype=bool)
@@ -302,6 +310,12 @@ def enumerate_product(model: ModelSpec, cluster: Cluster, setup: TrainSetup, c: 
         sequence_parallel=seq_par[s],
         recompute_every_k=np.ones(len(pair), dtype=np.int64))
     key = (pair * len(recompute) + r) * len(seq_par) + s
+    if c.recompute and "block" in c.recompute:  # the pinned n (a column only then), its rule
+        cols = cols.with_columns(recompute_num_layers=np.where(
+            recompute[r] == RECOMPUTE_MODES.index("block"), c.recompute_num_layers or 0, 0))
+        block_ok, block_rejected = rules.mask(ctx, cols, rules.named(rules.BLOCK_RULE))
+        rejected |= block_rejected
+        cols, key = cols.take(block_ok), key[block_ok]
     shard = dp_shard_rows(cluster, cols, c)
     if shard is not None:  # the HSDP shard group: a column, masked by its rule
         src, values = shard
@@ -464,27 +478,30 @@ def hf_activation_column(model: ModelSpec, setup: TrainSetup, rec, b) -> tuple[n
 def activation_table(model: ModelSpec, setup: TrainSetup, tp: int, rec: int, sp: bool,
                      flash: bool, micro_batch: int = 1, cp: int = 1,
                      cp_comm: int = 0) -> tuple[int, int, int, int, int]:
-    """(one block kept, one dense block kept, first extras, last extras, recompute working)
+    """(one block kept, one dense block kept, first extras, last extras, recompute working,
+    what one block-recomputed block saves: `activations.block_recompute_saved_bytes`)
     bytes at micro_batch = 1 from the activations module (the dense block differs from the
     first for models mixing dense and MoE blocks; `chunk_bytes` combines them); context
     parallelism: at s/cp tokens, the transient cp buffers with the working bytes. Every entry is
     linear in the micro-batch (b multiplies each
-    product) and a chunk of n blocks keeps n x one block (`layers_kept_bytes` without every_k).
+    product) and a chunk of n blocks keeps n x one block (`layers_kept_bytes` without every_k;
+    block: less min(recompute_num_layers, n) x the saving, in `evaluate`).
     hf-* (transformers' modules, not linear in b): `hf_activation_column` replaces this table's
     figures in `evaluate`; the b = 1 figures here serve the step-time side only. FP8 recipes:
     a saved fp8 input's scales do not grow with b, so `evaluate` asks for each micro-batch."""
     if setup.implementation != "megatron":  # tp = pp = 1 (rule table); per micro-batch at b = 1
         if tp != 1 or RECOMPUTE_MODES[rec] not in ("none", "full"):
-            return (0, 0, 0, 0, 0)  # masked by the rule table
+            return (0, 0, 0, 0, 0, 0)  # masked by the rule table
         block, outside, working = implementations.hf_activation_bytes(
             model, setup, RECOMPUTE_MODES[rec], 1)
-        return block, block, outside, 0, working
+        return block, block, outside, 0, working, 0
+    block_n = 1 if RECOMPUTE_MODES[rec] == "block" else None  # what one recomputed block saves
     lay = Layout(tp=tp, recompute=RECOMPUTE_MODES[rec], sequence_parallel=sp, flash_attention=flash,
-                 cp=cp, cp_comm_type=CP_COMM_TYPES[cp_comm])
+                 cp=cp, cp_comm_type=CP_COMM_TYPES[cp_comm], recompute_num_layers=block_n)
     s, b, e = local_seq_len(setup.seq_len, cp), micro_batch, setup.precision.activation_bytes
     f8 = setup.precision.fp8_scaling
     mixed = len(params.block_kinds(model)) == 2
-    block = activations.layers_kept_bytes(model, lay, s, b, e, 1, f8)
+    block = activations.layer_activation_bytes(model, lay, s, b, e, f8)
     return (
         block,
         activations.layer_activation_bytes(model, lay, s, b, e, f8, moe=False) if mixed else block,
@@ -492,6 +509,7 @@ def activation_table(model: ModelSpec, setup: TrainSetup, tp: int, rec: int, sp:
         sum(activations.last_stage_extra_bytes(model, lay, s, b, e).values()),
         activations.recompute_working_bytes(model, lay, s, b, e, 1, f8)
         + cp_working_bytes(model, lay, setup.seq_len, b, e),
+        activations.block_recompute_saved_bytes(model, lay, s, b, e, 1, f8),
     )
 
 
@@ -681,11 +699,15 @@ def evaluate(model: ModelSpec, cluster: Cluster, setup: TrainSetup, cands: dict[
     comm = one["cp_comm_type"] if "cp_comm_type" in one else np.zeros_like(tp)
     akeys, ainv = _group(tp, rec, sp, b // per_b, cp, comm)
     act = np.array([activation_table(model, setup, t, r, bool(s), c.flash_attention, mb, k, cc)
-                    for t, r, s, mb, k, cc in akeys.tolist()], dtype=np.float64).reshape(-1, 5)
-    block, dense, first_x, last_x, working = (act[:, k][ainv] for k in range(5))
+                    for t, r, s, mb, k, cc in akeys.tolist()], dtype=np.float64).reshape(-1, 6)
+    block, dense, first_x, last_x, working, saved = (act[:, k][ainv] for k in range(6))
     stage_no = tables["stage"][inv_one]
-    chunk_f, chunk_m, chunk_h, chunk_l = chunk_bytes(model, pp, vs, first_l, last_l,
-                                                     tables["layers"][inv_one], stage_no, block, dense)
+    chunks = chunk_bytes(model, pp, vs, first_l, last_l, tables["layers"][inv_one], stage_no,
+                         block, dense)
+    n_rec = one["recompute_num_layers"] if "recompute_num_layers" in one else np.ones_like(tp)
+    chunk_f, chunk_m, chunk_h, chunk_l = (  # block recompute: its first n blocks keep the input
+        x - np.minimum(n_rec, tables["layers"][inv_one][:, k] // vs) * saved
+        for k, x in enumerate(chunks))
     kept_f, kept_l = kept_activation_bytes_b1(one, chunk_f, first_x, last_x, chunk_l)
     kept_f, kept_l, working = per_b * kept_f, per_b * kept_l, per_b * working
     mixed = len(params.block_kinds(model)) == 2

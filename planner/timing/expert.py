@@ -30,14 +30,13 @@ import functools
 
 import numpy as np
 
-from planner.core.columns import RECOMPUTE_MODES, on_distinct
+from planner.core import flops as flops_mod
+from planner.core.columns import on_distinct
 from planner.core.spec import ModelSpec, TrainSetup
 from planner.memory import experts
 from planner.timing import collectives
 
 
-FORWARD_REPEATED = tuple(RECOMPUTE_MODES.index(m) for m in ("full", "every_k"))
-"""Recompute modes that run each block's forward again in backward (codes)."""
 
 
 def routed_token_factor(setup: TrainSetup) -> float:
@@ -52,10 +51,12 @@ def dispatch_bytes(tokens_per_gpu, top_k: int, hidden: int, element_bytes: int, 
     return tokens_per_gpu * top_k * hidden * element_bytes * factor
 
 
-def all_to_alls_per_layer(recompute_full) -> np.ndarray:
+def all_to_alls_per_layer(forward_share) -> np.ndarray:
     """Dispatch + combine forward, their gradients backward: 4; full recompute repeats the
-    forward's two: 6 (selective recompute keeps the MoE layer's outputs)."""
-    return np.where(recompute_full, 6, 4)
+    forward's two: 6, block recompute on its share of the blocks (`forward_share`,
+    `flops.forward_repeat_share`: 1 full / every_k, 0 none / selective; selective recompute
+    keeps the MoE layer's outputs)."""
+    return 4 + 2 * np.asarray(forward_share, dtype=np.float64)
 
 
 def ep_ranks_per_node(ep, tp, gpus_per_node: int):
@@ -93,6 +94,6 @@ def ep_comm_s(model: ModelSpec, setup: TrainSetup, cols, rates) -> np.ndarray:
     nodes = np.ceil(ep / per_node)
     one = collectives.all_to_all_s(size, per_node, nodes, rates.intra_bw, rates.intra_lat,
                                    rates.inter_bw_per_gpu, rates.inter_lat)
-    count = all_to_alls_per_layer(np.isin(cols["recompute"], FORWARD_REPEATED)) \
+    count = all_to_alls_per_layer(flops_mod.forward_repeat_share(model.num_layers, cols)) \
         * moe_layers_column(model, cols)
     return np.where(ep > 1, one * count * cols["grad_accum"], 0.0)

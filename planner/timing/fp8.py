@@ -77,10 +77,11 @@ def fp8_fractions(model: ModelSpec, setup: TrainSetup, flash_attention: bool) ->
     linear = fp8_linear_forward_flops(model, batch, s)
     model_share = linear / flops_mod.forward_flops(model, batch, s)
     shares = []
-    for mode in RECOMPUTE_MODES:
-        extra = flops_mod.recompute_flops(model, Layout(recompute=mode, flash_attention=flash_attention),
+    for mode in RECOMPUTE_MODES:  # block: full's share (named approximation: the recomputed
+        as_mode = "full" if mode == "block" else mode  # blocks' linears over all the extra)
+        extra = flops_mod.recompute_flops(model, Layout(recompute=as_mode, flash_attention=flash_attention),
                                           batch, s)
-        fp8_part = linear if mode in ("full", "every_k") else 0.0
+        fp8_part = linear if mode in ("full", "every_k", "block") else 0.0
         shares.append(fp8_part / extra if extra else 0.0)
     return model_share, np.array(shares)
 
@@ -165,7 +166,7 @@ def weight_cast_bytes(setup: TrainSetup, stage_params):
 
 
 def fp8_work(work, model: ModelSpec, cluster: Cluster, setup: TrainSetup, cols, level,
-             flash_attention: bool, override: float | None = None):
+             flash_attention: bool, override: float | None = None, forward_share=None):
     """`steptime.StageWork` of an FP8 recipe: the matmul efficiency as the fraction of the bf16
     peak (`mixed_efficiency`, separately for the recompute FLOPs), and the cast kernels added to
     the memory-bound bytes per layer and micro-batch (full recompute casts its forward again;
@@ -175,8 +176,9 @@ def fp8_work(work, model: ModelSpec, cluster: Cluster, setup: TrainSetup, cols, 
     eff = gemm_efficiencies(model, cluster, setup, level, b, tp, flash_attention, override, cp)
     model_share, recompute_shares = fp8_fractions(model, setup, flash_attention)
     forward, backward = cast_bytes(model, setup, b, tp, cp)
-    again = np.where(np.isin(rec, [RECOMPUTE_MODES.index("full"), RECOMPUTE_MODES.index("every_k")]),
-                     forward, 0.0)
+    if forward_share is None:
+        forward_share = flops_mod.forward_repeat_share(model.num_layers, cols)
+    again = forward * forward_share  # the forward's casts again on the recomputed blocks
     weights = weight_cast_bytes(setup, work.stage_params) / (m * work.layers)
     return dataclasses.replace(
         work, efficiency=mixed_efficiency(eff, model_share),

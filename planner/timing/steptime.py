@@ -141,17 +141,20 @@ def elementwise_layer_bytes(model: ModelSpec, seq_len, micro_batch, tp, sp, flas
     return token_bytes, np.where(flash, 0.0, scores)
 
 
-def elementwise_step_bytes(token_bytes, score_bytes, recompute_code):
+def elementwise_step_bytes(token_bytes, score_bytes, recompute_code, forward_share=1.0):
     """Per layer and micro-batch over the step's passes: forward 1, backward 2 (reads the saved
     input and the output gradient, writes the input gradient: a named approximation), full
-    recompute 1 more forward, selective recompute the attention scores once more (Korthikanti
-    §5). recompute_code: 0 none, 1 selective, 2 full (RECOMPUTE_CODE)."""
+    recompute 1 more forward (block recompute: `forward_share` of one, its share of the blocks,
+    `flops.forward_repeat_share`), selective recompute the attention scores once more
+    (Korthikanti §5). recompute_code: 0 none, 1 selective, 2 full (RECOMPUTE_CODE)."""
     forward = token_bytes + score_bytes
-    extra = np.where(recompute_code == 2, forward, np.where(recompute_code == 1, score_bytes, 0.0))
+    extra = np.where(recompute_code == 2, forward * forward_share,
+                     np.where(recompute_code == 1, score_bytes, 0.0))
     return 3 * forward + extra
 
 
-RECOMPUTE_CODE = {"none": 0, "selective": 1, "full": 2, "every_k": 2}
+NONE, FULL, BLOCK = (RECOMPUTE_MODES.index(m) for m in ("none", "full", "block"))
+RECOMPUTE_CODE = {"none": 0, "selective": 1, "full": 2, "every_k": 2, "block": 2}
 """Recompute modes as integers (the sweep's order: none, selective, full)."""
 
 
@@ -430,7 +433,7 @@ def model_parallel_comm_s(r: Rates, tp, pp, vs, m, layers, act_bytes, sp, tp_all
             np.asarray(tp_allreduces) == tp_allreduces_per_layer("full"))
     if qkv_gather[1] is not None:
         tp_comm = tp_comm + m * layers * collectives.qkv_gather_s(
-            qkv_gather[0], tp, qkv_gather[1], np.asarray(tp_allreduces) // 2, tp_bw, tp_lat)
+            qkv_gather[0], tp, qkv_gather[1], np.asarray(tp_allreduces) / 2, tp_bw, tp_lat)
     pp_in = r.num_gpus <= r.gpus_per_node
     gather = np.where(sp, 0.0, ring_collective_s(act_bytes, tp, tp_bw, tp_lat, 1))
     pp_comm = pp_comm_time_s(pp, m, vs, act_bytes / tp,
@@ -691,8 +694,11 @@ def rate_terms(r: Rates, step_s, tokens_per_step, model_flops, hardware_flops, t
                 gpu_hours=seconds / flops_mod.SECONDS_PER_HOUR * r.num_gpus)
 
 
-def tp_allreduces_per_layer(recompute) -> int:
-    """2 forward + 2 backward (Narayanan et al. 2021 §3.3); full recompute repeats the forward's 2."""
+def tp_allreduces_per_layer(recompute, forward_share=1.0):
+    """2 forward + 2 backward (Narayanan et al. 2021 §3.3); full recompute repeats the forward's 2,
+    block recompute on its share of the blocks (`flops.forward_repeat_share`)."""
+    if recompute == "block":
+        return 4 + 2 * forward_share
     return 6 if recompute == "full" else 4
 
 
@@ -799,15 +805,21 @@ def step_columns(model: ModelSpec, cluster: Cluster, setup: TrainSetup, cols: La
     rec = cols["recompute"]
     codes = np.flatnonzero(np.bincount(all_cols["recompute"], minlength=len(RECOMPUTE_MODES)))
     table = {int(k): flops_mod.step_flops(model, setup, Layout(
-        recompute=RECOMPUTE_MODES[int(k)], flash_attention=flash_attention)) for k in codes}
+        recompute=RECOMPUTE_MODES[int(k)], flash_attention=flash_attention))
+        for k in {*codes.tolist(), NONE, FULL} - {BLOCK}}  # block: from none and full
+    share_all = flops_mod.forward_repeat_share(model.num_layers, all_cols)
+    share = share_all if rows is None else share_all[rows]
 
-    def per_mode(name: str, rec_codes: np.ndarray) -> np.ndarray:  # FLOPs field of each row's mode
+    def per_mode(name: str, rec_codes: np.ndarray, part: np.ndarray) -> np.ndarray:
+        """FLOPs field of each row's mode; block: none + its share x (full - none)."""
         lookup = np.zeros(len(RECOMPUTE_MODES))
         for k, f in table.items():
             lookup[k] = getattr(f, name)
-        return lookup[rec_codes]
+        return np.where(rec_codes == BLOCK, lookup[NONE] + part * (lookup[FULL] - lookup[NONE]),
+                        lookup[rec_codes])
 
-    allreduces = np.array([tp_allreduces_per_layer(mode) for mode in RECOMPUTE_MODES])
+    allreduces = np.where(rec == BLOCK, tp_allreduces_per_layer("block", share), np.array(
+        [tp_allreduces_per_layer(mode) for mode in RECOMPUTE_MODES])[rec])
     elementwise_code = np.array([RECOMPUTE_CODE[mode] for mode in RECOMPUTE_MODES])[rec]
     prec, b = setup.precision, cols["micro_batch"]
     cp = cols.get("cp", 1)
@@ -818,16 +830,16 @@ def step_columns(model: ModelSpec, cluster: Cluster, setup: TrainSetup, cols: La
     eff = matmul_efficiency(model, cluster, setup, r.efficiency, b, cols["tp"], flash_attention,
                             efficiency, cp)
     stage = slowest_stage_work(model, setup, r, cols, layers, eff, (
-        per_mode("forward_flops", rec), per_mode("backward_flops", rec),
-        per_mode("recompute_flops", rec)), (
-        token_b + score_b, elementwise_step_bytes(token_b, score_b, elementwise_code)),
+        per_mode("forward_flops", rec, share), per_mode("backward_flops", rec, share),
+        per_mode("recompute_flops", rec, share)), (
+        token_b + score_b, elementwise_step_bytes(token_b, score_b, elementwise_code, share)),
         logits.loss_kernel_bytes(b * tokens, model.vocab_size, cols["tp"],
                                  prec.activation_bytes))
     work = StageWork(
         layers=layers, stage_params=stage_params,
         shard_params=zero_shard_params(stage_params, shard_ranks(cols), cols["zero_stage"]),
         act_bytes=b * (tokens * float(model.hidden_size * prec.activation_bytes)),
-        tp_allreduces=allreduces[rec], **stage,
+        tp_allreduces=allreduces, **stage,
         efficiency=eff, stage_rows=stage_rows,
         qkv_bytes=b * (tokens * float(params.qkv_width(model) * prec.activation_bytes)),
         kv_heads=None if model.is_mla else model.kv_heads,
@@ -837,7 +849,7 @@ def step_columns(model: ModelSpec, cluster: Cluster, setup: TrainSetup, cols: La
                                     r.intra_lat, r.inter_bw_per_gpu, r.inter_lat))
     if prec.fp8_scaling is not None:  # fp8 GEMMs at the fp8 peak, casts (planner.timing.fp8)
         work = fp8_timing.fp8_work(work, model, cluster, setup, cols, r.efficiency,
-                                   flash_attention, efficiency)
+                                   flash_attention, efficiency, share)
     if megatron_overlap is not None and "tp_comm" in megatron_overlap:
         work = replace(work, tp_overlap=tp_overlap_gemms(model, cluster, cols, b * tokens,
                                                          r.peak_flops_per_s, work.efficiency))
@@ -847,7 +859,8 @@ def step_columns(model: ModelSpec, cluster: Cluster, setup: TrainSetup, cols: La
     terms = step_terms(r, all_cols, work, sizes, activity)
     rec = all_cols["recompute"]
     rates = rate_terms(r, terms["step_s"], setup.global_batch * setup.seq_len,
-                       per_mode("model_flops", rec), per_mode("hardware_flops", rec),
+                       per_mode("model_flops", rec, share_all),
+                       per_mode("hardware_flops", rec, share_all),
                        setup.train_tokens)
     out = {**terms, **rates, "efficiency": gather(work.efficiency, activity)}
     return {k: _float_column(v, rec.shape) for k, v in out.items()}

@@ -142,7 +142,11 @@ _VP = "Virtual pipeline stages per rank (interleaved 1F1B)."
 _ZERO = "ZeRO stage 0-3."
 _MICRO = "Sequences per micro-batch per GPU (default: 1, or the engine config's)."
 _GRAD_ACCUM = "Micro-batches per optimizer step (default: global-batch/(micro-batch*dp), or pp)."
-_RECOMPUTE = "Activation recomputation: none, selective, full, every_k."
+_RECOMPUTE = "Activation recomputation: none, selective, full, every_k, block."
+_RECOMPUTE_NUM_LAYERS = ("For --recompute block: blocks recomputed at the start of each pipeline "
+                         "chunk, the rest keep all activations (Megatron-LM --recompute-method block "
+                         "--recompute-num-layers; fms-fsdp / torchtitan every k-th of L blocks = "
+                         "floor(L/k)); 1 to the blocks of the largest chunk.")
 _OFFLOAD_OPT = "Where the optimizer states live: none, cpu, nvme."
 _OFFLOAD_PARAMS = "Where the parameters live (ZeRO-3): none, cpu, nvme."
 _EP = ("Expert-parallel degree of MoE models (Megatron --expert-model-parallel-size): routed "
@@ -205,6 +209,9 @@ OffloadParamsOpt = Annotated[Optional[str], typer.Option(
 RecomputeOpt = Annotated[Optional[str], typer.Option("--recompute", help=_RECOMPUTE, rich_help_panel=LAYOUT)]
 RecomputeEveryKOpt = Annotated[Optional[int], typer.Option(
     "--recompute-every-k", min=1, callback=int64, help="Layers per checkpointed segment for every_k.",
+    rich_help_panel=LAYOUT)]
+RecomputeNumLayersOpt = Annotated[Optional[int], typer.Option(
+    "--recompute-num-layers", min=1, callback=int64, help=_RECOMPUTE_NUM_LAYERS,
     rich_help_panel=LAYOUT)]
 SequenceParallelOpt = Annotated[Optional[bool], typer.Option(
     "--sequence-parallel/--no-sequence-parallel",
@@ -380,5 +387,16 @@ def layout_from_flags(
                 f"global_batch={global_batch} is not divisible by micro_batch*dp = {micro}*{dp}",
             )
         grad_accum = global_batch // (micro * int(dp))
+    check_recompute_num_layers(fields.get("recompute"), fields.get("recompute_num_layers"))
     layout = Layout(dp=dp, grad_accum=grad_accum, **{k: v for k, v in fields.items() if v is not None})
     return layout, global_batch
+
+
+def check_recompute_num_layers(recompute: str | None, num_layers: int | None) -> None:
+    """--recompute block needs --recompute-num-layers, which means nothing without it."""
+    if recompute == "block" and num_layers is None:
+        raise PlanInputError("recompute_num_layers", "--recompute block needs --recompute-num-layers N "
+                             "(the first N blocks of each pipeline chunk are recomputed)")
+    if num_layers is not None and recompute != "block":
+        raise PlanInputError("recompute_num_layers", f"--recompute-num-layers {num_layers} is for "
+                             f"--recompute block (got --recompute {recompute})")

@@ -49,6 +49,7 @@ def check(
     optimizer: opt.OptimizerOpt = None,
     recompute: opt.RecomputeOpt = None,
     recompute_every_k: opt.RecomputeEveryKOpt = None,
+    recompute_num_layers: opt.RecomputeNumLayersOpt = None,
     flash_attention: opt.FlashAttentionOpt = None,
     implementation: opt.ImplementationOpt = None,
     host_accounting: opt.HostAccountingOpt = None,
@@ -75,7 +76,8 @@ def check(
                              "--accelerate-config FILE"
                              + (f" (got {', '.join(sources)})" if sources else ""))
     numbers = dict(tp=tp, pp=pp, ep=ep, dp_shard=dp_shard, micro_batch=micro_batch, grad_accum=grad_accum, global_batch=global_batch,
-                   recompute=recompute, recompute_every_k=recompute_every_k, flash_attention=flash_attention)
+                   recompute=recompute, recompute_every_k=recompute_every_k,
+                   recompute_num_layers=recompute_num_layers, flash_attention=flash_attention)
     host = dict(reserve_gib=reserve, cpu_mem_gib=cpu_mem_gib, implementation=implementation,
                 host_accounting=host_accounting)
     if job is not None:
@@ -91,6 +93,7 @@ def check(
                                  "the whole dp group (MiCS, mics_shard_size, is not modelled)")
         if model is None:
             raise PlanInputError("--model", "--deepspeed needs --model (a DeepSpeed config has no model)")
+        opt.check_recompute_num_layers(recompute, recompute_num_layers)
         spec = opt.resolve_model(model, profiles)
         hardware = _hardware(cluster, gpu, gpus, profiles)
         result = lib.check_deepspeed(

@@ -35,6 +35,7 @@ def fit(
     offload_params: opt.OffloadParamsOpt = None,
     recompute: opt.RecomputeOpt = None,
     recompute_every_k: opt.RecomputeEveryKOpt = None,
+    recompute_num_layers: opt.RecomputeNumLayersOpt = None,
     sequence_parallel: opt.SequenceParallelOpt = None,
     flash_attention: opt.FlashAttentionOpt = None,
     tempo: opt.TempoOpt = None,
@@ -86,6 +87,7 @@ def fit(
         first_stage_layers=first_stage_layers,
         last_stage_layers=last_stage_layers, dp_engine=dp_engine, dp_shard=dp_shard, zero_stage=zero, offload_optimizer=offload_optimizer,
         offload_params=offload_params, recompute=recompute, recompute_every_k=recompute_every_k,
+        recompute_num_layers=recompute_num_layers,
         sequence_parallel=sequence_parallel, flash_attention=flash_attention,
         tempo=opt.tempo_techniques(tempo) or None, megatron_overlap=opt.megatron_overlaps(megatron_overlap), micro_batch=micro_batch, grad_accum=grad_accum,
     )

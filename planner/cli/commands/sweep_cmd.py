@@ -112,6 +112,7 @@ def register(app: typer.Typer) -> None:
         zero: opt.ZeroPinsOpt = None,
         micro_batch: opt.MicroBatchPinsOpt = None,
         recompute: opt.RecomputePinsOpt = None,
+        recompute_num_layers: opt.RecomputeNumLayersOpt = None,
         dp_engine: opt.DpEnginePinsOpt = None,
         dp_shard: opt.SweepDpShardOpt = None,
         offload_optimizer: opt.OffloadOptimizerPinsOpt = None,
@@ -182,7 +183,8 @@ def register(app: typer.Typer) -> None:
             cp_comm_type=_choices("cp_comm_type", cp_comm_type, columns.CP_COMM_TYPES),
             virtual_stages=_ints("virtual_stages", virtual_stages), zero_stage=zero_pins,
             micro_batch=_ints("micro_batch", micro_batch),
-            recompute=_choices("recompute", recompute, sweep.RECOMPUTE_MODES),
+            recompute=_choices("recompute", recompute, sweep.PINNABLE_RECOMPUTE),
+            recompute_num_layers=recompute_num_layers,
             dp_engine=engine_pins,
             offload_optimizer=("none",) if no_offload
             else _choices("offload_optimizer", offload_optimizer, sweep.TARGETS),
@@ -193,6 +195,8 @@ def register(app: typer.Typer) -> None:
             allow_cross_node_tp=allow_cross_node_tp, flash_attention=flash_attention is not False,
             buffers=buffers, megatron_overlap=overlap, dp_shard=opt.sweep_dp_shard(dp_shard),
         )
+        opt.check_recompute_num_layers("block" if "block" in (constraints.recompute or ()) else recompute,
+                                       recompute_num_layers)
         if any(z not in (0, 1, 2, 3) for z in constraints.zero_stage or ()):
             raise PlanInputError("zero", f"ZeRO stages are 0, 1, 2, 3; got {zero}")
         if efficiency is None and calibration is not None:

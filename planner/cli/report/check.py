@@ -40,7 +40,7 @@ def layout_label(result: CheckResult) -> str:
     parts += [lay.dp_engine] if lay.dp_engine != "deepspeed" else []
     parts += [f"opt->{lay.offload_optimizer}"] if lay.offload_optimizer != "none" else []
     parts += [f"params->{lay.offload_params}"] if lay.offload_params != "none" else []
-    parts += [f"recompute={lay.recompute}"] if lay.recompute != "none" else []
+    parts += [f"recompute={lay.recompute_label}"] if lay.recompute != "none" else []
     parts += [f"mb{lay.micro_batch}x{lay.grad_accum}"]
     if lay.megatron_overlap is not None:
         parts += ["megatron_overlap=" + (",".join(lay.megatron_overlap) or "none")]

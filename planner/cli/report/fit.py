@@ -67,7 +67,7 @@ def _layout_line(result: FitResult) -> str:
         return "no layout"
     parts = [f"tp={layout.tp}", f"pp={layout.pp}", f"dp={layout.dp}", f"zero={layout.zero_stage}",
              f"micro_batch={layout.micro_batch}", f"grad_accum={layout.grad_accum}",
-             f"recompute={layout.recompute}"]
+             f"recompute={layout.recompute_label}"]
     if layout.dp_engine != "deepspeed":
         parts.insert(4, f"dp_engine={layout.dp_engine}")
     if layout.dp_shard is not None and layout.dp_shard < layout.dp:  # HSDP: the 2-D mesh

@@ -25,7 +25,7 @@ def layout_label(row: SweepRow) -> str:
         parts.append(f"off={lay.offload_optimizer.replace('none', '-')}/"
                      f"{lay.offload_params.replace('none', '-')}")
     if lay.recompute != "none":
-        parts.append(f"rc={lay.recompute[:3]}")
+        parts.append(f"rc={lay.recompute[:3]}" + (str(lay.recompute_num_layers or "")))
     if lay.sequence_parallel:
         parts.append("sp")
     if lay.first_stage_layers or lay.last_stage_layers:  # Megatron's uneven first / last stage
