@@ -61,6 +61,9 @@ def test_tp_comm_gpt3_layer_on_nvlink():
     assert t == approx(24 * one)
     assert st.tp_allreduces_per_layer("full") == 6  # full recompute repeats the forward's 2
     assert st.tp_allreduces_per_layer("selective") == 4
+    # every_k (Megatron --recompute-method uniform): each k-layer segment re-runs its whole
+    # forward in backward, so its 2 forward all-reduces per layer run again as under full.
+    assert st.tp_allreduces_per_layer("every_k") == 6
 
 
 def test_pp_comm_two_sends_per_microbatch_per_chunk():

@@ -695,11 +695,12 @@ def rate_terms(r: Rates, step_s, tokens_per_step, model_flops, hardware_flops, t
 
 
 def tp_allreduces_per_layer(recompute, forward_share=1.0):
-    """2 forward + 2 backward (Narayanan et al. 2021 §3.3); full recompute repeats the forward's 2,
-    block recompute on its share of the blocks (`flops.forward_repeat_share`)."""
+    """2 forward + 2 backward (Narayanan et al. 2021 §3.3); full and every_k recompute repeat the
+    forward's 2 (every_k re-runs each segment's whole forward, as `flops.recomputed_blocks`
+    counts it), block recompute on its share of the blocks (`flops.forward_repeat_share`)."""
     if recompute == "block":
         return 4 + 2 * forward_share
-    return 6 if recompute == "full" else 4
+    return 6 if recompute in ("full", "every_k") else 4
 
 
 def stage_layers_and_params(model: ModelSpec, tp: int, pp: int, first: int | None = None,
