@@ -6,7 +6,7 @@
 2. Predict, from the parts only, the step time of the held-apart configurations of
    planner/calibrate/heldout.py, then run them for real and print predicted vs measured per term:
    the SEEN set (every configuration whose errors were looked at in earlier sessions) and the NEW
-   set (four configurations committed before any of them was run) in separate tables.
+   set (five configurations committed before any of them was run) in separate tables.
 No efficiency or time of any of these steps is used to fit anything. Goal: step within 15 %.
 The machine load (`uptime`'s 1-minute load average) is printed with every row, `uptime` with
 every run; the "spread" column is the measured steps' interquartile range over their median.
