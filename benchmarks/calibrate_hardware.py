@@ -2,11 +2,11 @@
 
 1. Calibrate the parts (GEMM table, kernel curves, Adam, gloo collectives on 2 processes, and
    the contention probes: GEMM / copies / dispatch with both ranks at once, and with an
-   all-reduce in flight).
+   all-reduce in flight; the reuse part: each memory-bound kind timed after D bytes of traffic).
 2. Predict, from the parts only, the step time of the held-apart configurations of
    planner/calibrate/heldout.py, then run them for real and print predicted vs measured per term:
    the SEEN set (every configuration whose errors were looked at in earlier sessions) and the NEW
-   set (four configurations committed before any of them was run) in separate tables.
+   set (five configurations committed before any of them was run) in separate tables.
 No efficiency or time of any of these steps is used to fit anything. Goal: step within 15 %.
 The machine load (`uptime`'s 1-minute load average) is printed with every row, `uptime` with
 every run; the "spread" column is the measured steps' interquartile range over their median.
@@ -149,6 +149,12 @@ def one_run(args, number: int) -> str:
           f"{parts.kernel('copy').large_bytes_per_s / 1e9:.2f} GB/s; Adam {1 / parts.optimizer.per_element_s:.3g} "
           f"params/s; all-reduce x2 alpha {ar.latency_s * 1e6:.0f} us, busbw {ar.bytes_per_s / 1e9:.2f} GB/s; "
           f"FSDP2 hook {hook}; dispatch per op {_us(parts.dispatch_per_op_s)}; load {_load()}")
+    if parts.reuse:
+        print(f"reuse part: last-level cache {parts.last_level_cache_bytes / 2**20:.0f} MiB "
+              f"({parts.last_level_cache_source}); ratio t(D) / t(0) at D = "
+              + ", ".join(f"{d / 2**20:.0f}" for d in parts.reuse[0].distances_bytes) + " MiB, smallest / largest size: "
+              + "; ".join(f"{c.kind} {'/'.join(f'{r:.2f}' for r in c.ratios[0])} | "
+                          f"{'/'.join(f'{r:.2f}' for r in c.ratios[-1])}" for c in parts.reuse))
     for f in parts.fsdp2_collectives:
         print(f"FSDP2 as called ({'block, resharded' if f.resharded else 'root, not resharded'}) x{f.ranks}: per group "
               f"alpha {f.fit.latency_s * 1e3:.2f} ms, {f.fit.bytes_per_s / 1e9:.2f} GB/s of group bytes; points "

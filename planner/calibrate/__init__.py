@@ -11,7 +11,8 @@ heldout.py (the configurations predicted), procedure.py (pinning and the robust 
 by parts and steps), fsdp2_overhead.py (FSDP2's copies and hooks), dispatch.py (per-op Python +
 autograd overhead), attribution.py (per op class: predicted / alone / in the real step); with
 their torch imports inside functions: shape_gemms.py (GEMMs at a step's shapes and layouts),
-fsdp2_collectives.py (FSDP2's per-group cost as it calls its collectives). Torch-free: fits.py (α–β fit and log-log interpolation; the bus
+fsdp2_collectives.py (FSDP2's per-group cost as it calls its collectives), reuse.py (memory-bound
+ops timed after D bytes of traffic; reuse distances from the recorded op order). Torch-free: fits.py (α–β fit and log-log interpolation; the bus
 factors, table look-ups), parts.py (what was measured), profile_file.py (profile YAML, merge,
 lock, atomic write).
 """

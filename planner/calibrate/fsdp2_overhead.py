@@ -30,10 +30,8 @@ import statistics
 from collections.abc import Sequence
 
 from planner.core.spec import Frozen
+from planner.timing.host_overhead import HOOKS_PER_GROUP  # noqa: F401 (the one definition, re-exported)
 from planner.timing.sharded_dp import fsdp2_group_copy_bytes, padded_shard_elements  # noqa: F401 (re-exported)
-
-HOOKS_PER_GROUP = 4
-"""pre_forward, post_forward, pre_backward, post_backward (_fsdp_param_group.py, torch 2.13.0)."""
 
 
 class CopyBytes(Frozen):

@@ -21,6 +21,7 @@ from pydantic import Field
 from planner import __version__
 from planner.calibrate import collectives as coll
 from planner.calibrate import hardware as hw
+from planner.calibrate import reuse
 from planner.calibrate.dispatch import measure as measure_dispatch
 from planner.calibrate.fits import BUS_OPS
 from planner.calibrate.fsdp2_overhead import hook_seconds as fsdp2_hook_seconds
@@ -109,6 +110,7 @@ def measure_device(cfg: HardwareConfig, device: torch.device, tick: Tick) -> dic
     gemm, peaks, peak_source = gemm_table(cfg, device, tick)
     kernels = tuple(hw.kernel_curve(kind, kernel_sizes(cfg, device), device, lambda: tick("kernels"))
                     for kind in hw.KERNEL_KINDS)
+    reuse_fields = measure_reuse(kernel_sizes(cfg, device), device, tick)
     optimizer = hw.optimizer_fit(device)
     tick("optimizer")
     copies = hw.host_device_bytes_per_s(device)
@@ -119,11 +121,28 @@ def measure_device(cfg: HardwareConfig, device: torch.device, tick: Tick) -> dic
     fields = {"fsdp2_hook_s": hook_s, "gemm": tuple(gemm), "peak_flops_per_s": peaks, "peak_source": peak_source,
               "kernels": kernels, "view_op_s": hw.view_op_seconds(device), "optimizer": optimizer,
               "host_to_device_bytes_per_s": copies[0] if copies else None,
-              "device_to_host_bytes_per_s": copies[1] if copies else None, "file": file}
+              "device_to_host_bytes_per_s": copies[1] if copies else None, "file": file, **reuse_fields}
     if device.type == "cpu" and "fp32" in peaks:  # the tiny model runs on the CPU in fp32
         fields["dispatch_per_op_s"] = measure_dispatch(_partial_parts(fields))
     tick("dispatch")
     return fields
+
+
+def measure_reuse(sizes: tuple[int, ...], device: torch.device, tick: Tick) -> dict:
+    """The reuse part (planner.calibrate.reuse) of every kernel kind, as HardwareParts fields;
+    none when the last-level cache size cannot be read (no sysfs: the predictor then uses the
+    cache-resident curves alone)."""
+    try:
+        llc, source = reuse.last_level_cache_bytes(device.type)
+    except (OSError, ValueError):
+        for _ in hw.KERNEL_KINDS:
+            tick("reuse")
+        return {}
+    curves = []
+    for kind in hw.KERNEL_KINDS:
+        curves.append(reuse.measure_reuse_curve(kind, sizes, llc, device))
+        tick("reuse")
+    return {"reuse": tuple(curves), "last_level_cache_bytes": llc, "last_level_cache_source": source}
 
 
 def _partial_parts(fields: dict) -> HardwareParts:
@@ -134,7 +153,7 @@ def _partial_parts(fields: dict) -> HardwareParts:
 
 
 def total_ticks(cfg: HardwareConfig, device: torch.device) -> int:
-    return grid_size(cfg, device) + len(hw.KERNEL_KINDS) * len(kernel_sizes(cfg, device)) + 4
+    return grid_size(cfg, device) + len(hw.KERNEL_KINDS) * (len(kernel_sizes(cfg, device)) + 1) + 4
 
 
 def stamp(device: torch.device, threads: int, world: int, nodes: int) -> dict:

@@ -14,6 +14,7 @@ from pydantic import Field
 
 from planner.calibrate.fits import AlphaBeta, interp_loglog
 from planner.calibrate.fsdp2_collectives import Fsdp2CollectiveFit
+from planner.calibrate.reuse import ReuseCurve
 from planner.calibrate.shape_gemms import ShapeGemm
 from planner.core.spec import Frozen, GemmPoint
 from planner.timing.collectives import bus_factor
@@ -147,6 +148,14 @@ class HardwareParts(Frozen):
     shape_gemms: tuple[ShapeGemm, ...] = ()
     """GEMMs timed at the shapes and layouts of given models' steps (planner.calibrate.shape_gemms);
     the predictor uses them for those calls and the table for every other."""
+    reuse: tuple[ReuseCurve, ...] = ()
+    """Memory-bound ops timed with their operands D bytes of traffic back (planner.calibrate.reuse):
+    the factor on the kernel curve at each op's reuse distance; empty in an older parts file
+    (factor 1, the cache-resident curves alone)."""
+    last_level_cache_bytes: int | None = None
+    """The last-level cache the reuse grid is built on; None in an older parts file."""
+    last_level_cache_source: str = ""
+    """Where `last_level_cache_bytes` was read (sysfs, or the CUDA device properties)."""
 
     def kernel(self, kind: str) -> KernelCurve:
         """The curve of `kind`; a parts file measured before the log-softmax curves existed
@@ -157,6 +166,17 @@ class HardwareParts(Frozen):
         if found is None:
             raise ValueError(f"no {kind} kernel curve was measured")
         return found
+
+    def reuse_factor(self, kind: str, num_bytes: float, distance_bytes: float) -> float:
+        """t(op with operands `distance_bytes` of traffic back) / t(op cache-resident) for `kind` at
+        `num_bytes` moved; 1 when the reuse part was not measured for the kind."""
+        curve = next((c for c in self.reuse if c.kind == kind), None)
+        return 1.0 if curve is None else curve.factor(num_bytes, distance_bytes)
+
+    @property
+    def cold_distance_bytes(self) -> float:
+        """The reuse distance of an operand no earlier op of the step touched: the largest measured."""
+        return max((c.distances_bytes[-1] for c in self.reuse), default=0.0)
 
     def collective(self, op: str, ranks: int, level: str = "intra") -> CollectiveFit:
         for fit in self.collectives:

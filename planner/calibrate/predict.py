@@ -37,6 +37,9 @@ Engines, as torch 2.13 implements them:
   (planner.calibrate.fsdp2_overhead); or, when the parts hold it, FSDP2's per-group cost as
   FSDP2 calls its collectives (planner.calibrate.fsdp2_collectives: collectives, copies, hooks
   and waits measured together) in place of all three.
+Each memory-bound op's curve time is multiplied by the reuse part's factor at its bytes and its
+inputs' reuse distance in the recorded op order (planner.calibrate.reuse): the curves time
+cache-resident operands, the step's were produced megabytes of traffic earlier.
 GEMMs measured at the step's own shapes and layouts (planner.calibrate.shape_gemms) replace the
 table for those calls; Python + autograd per recorded op (planner.calibrate.dispatch) adds
 `dispatch_per_op_s` x the op count to the dispatch term.
@@ -56,6 +59,7 @@ from planner.calibrate.dispatch import op_count
 from planner.calibrate.fsdp2_overhead import hooks_per_step, step_copies
 from planner.calibrate.models import build_model
 from planner.calibrate.parts import HardwareParts
+from planner.calibrate.reuse import OpTouch, op_distance, reuse_distances
 from planner.calibrate.shape_gemms import GemmCall, call_of, lookup, seconds_by_call
 from planner.core.spec import Frozen, ModelSpec
 from planner.timing.gemm import efficiency_from_points, gemm_flops
@@ -96,6 +100,9 @@ class Inventory(Frozen):
     """Aliasing ops and empty allocations."""
     gemm_calls: tuple[GemmCall, ...] = ()
     """The GEMMs again with their op and operand layouts (planner.calibrate.shape_gemms)."""
+    kernel_reads: tuple[tuple[tuple[int, int | None], ...], ...] = ()
+    """Per memory-bound op (aligned with `kernels`): (bytes, reuse distance in bytes or None for
+    an input no earlier op touched) per input storage (planner.calibrate.reuse.reuse_distances)."""
 
 
 class Prediction(Frozen):
@@ -142,6 +149,10 @@ class OpRecorder(TorchDispatchMode):
         self.calls: list[GemmCall] = []
         self.kernels: list[tuple[str, int]] = []
         self.views = 0
+        self.touches: list[OpTouch] = []
+        """Every GEMM and memory-bound op in order, with the storages it reads and writes."""
+        self.kernel_index: list[int] = []
+        """Position in `touches` of each memory-bound op."""
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
@@ -150,12 +161,37 @@ class OpRecorder(TorchDispatchMode):
             call = call_of(name, args)
             self.calls.append(call)
             self.gemms.append((call.batch, call.m, call.n, call.k))
+            self.touches.append(_touch((args, kwargs), out))
         elif _is_view(func) or name.startswith("empty") or name in ("detach", "lift_fresh"):
             self.views += 1
         else:
             moved = _nbytes(_tensors((args, kwargs))) + _nbytes(_tensors(out))
             self.kernels.append((_kind(name), moved))
+            self.kernel_index.append(len(self.touches))
+            self.touches.append(_touch((args, kwargs), out))
         return out
+
+    def kernel_reads(self) -> tuple[tuple[tuple[int, int | None], ...], ...]:
+        """(bytes, reuse distance) per input of each memory-bound op, in `kernels` order."""
+        distances = reuse_distances(self.touches)
+        return tuple(tuple((b, d) for (_, b), d in zip(self.touches[i].reads, distances[i], strict=True))
+                     for i in self.kernel_index)
+
+
+def _storages(tree) -> tuple[tuple[int, int], ...]:
+    """(storage key, bytes) per distinct storage among the tensors of `tree` (views of one
+    storage counted once, at the largest)."""
+    from torch.multiprocessing.reductions import StorageWeakRef
+
+    found: dict[int, int] = {}
+    for t in _tensors(tree):
+        key = StorageWeakRef(t.untyped_storage()).cdata
+        found[key] = max(found.get(key, 0), t.numel() * t.element_size())
+    return tuple(found.items())
+
+
+def _touch(inputs, out) -> OpTouch:
+    return OpTouch(reads=_storages(inputs), writes=_storages(out))
 
 
 def _kind(name: str) -> str:
@@ -185,7 +221,7 @@ def inventory(model: ModelSpec, seq_len: int, micro_batch: int) -> Inventory:
     with recorder:
         net(tokens, tokens).backward()
     return Inventory(gemms=tuple(recorder.gemms), kernels=tuple(recorder.kernels), views=recorder.views,
-                     gemm_calls=tuple(recorder.calls))
+                     gemm_calls=tuple(recorder.calls), kernel_reads=recorder.kernel_reads())
 
 
 def compute_seconds(inv: Inventory, parts: HardwareParts, dtype: str = "fp32", ranks: int = 1,
@@ -194,10 +230,20 @@ def compute_seconds(inv: Inventory, parts: HardwareParts, dtype: str = "fp32", r
     times its measured contention slowdown with `ranks` ranks computing at once (1: alone)."""
     slow = parts.slowdown
     gemm = gemm_total_seconds(inv, parts, dtype)
-    memory = sum(parts.kernel(kind).seconds(moved) * slow("memory", ranks, with_collective, moved)
-                 for kind, moved in inv.kernels)
+    memory = sum(parts.kernel(kind).seconds(moved) * reuse * slow("memory", ranks, with_collective, moved)
+                 for (kind, moved), reuse in zip(inv.kernels, reuse_factors(inv, parts), strict=True))
     dispatch = inv.views * parts.view_op_s + dispatch_overhead_seconds(inv, parts)
     return gemm * slow("gemm", ranks, with_collective), memory, dispatch * slow("dispatch", ranks, with_collective)
+
+
+def reuse_factors(inv: Inventory, parts: HardwareParts) -> list[float]:
+    """Per memory-bound op, the reuse part's factor at its bytes and its inputs' byte-weighted
+    reuse distance (planner.calibrate.reuse); all 1 without the part or the recorded distances."""
+    if not parts.reuse or len(inv.kernel_reads) != len(inv.kernels):
+        return [1.0] * len(inv.kernels)
+    cold = parts.cold_distance_bytes
+    return [parts.reuse_factor(kind, moved, op_distance([b for b, _ in reads], [d for _, d in reads], cold))
+            for (kind, moved), reads in zip(inv.kernels, inv.kernel_reads, strict=True)]
 
 
 def dispatch_overhead_seconds(inv: Inventory, parts: HardwareParts) -> float:

@@ -41,6 +41,7 @@ from planner.core.columns import RECOMPUTE_MODES, LayoutColumns, group_rows, on_
 from planner.core.errors import PlanInputError
 from planner.timing import collectives, context, expert, gemm, interference, logits, sharded_dp
 from planner.timing import megatron_overlap as mo
+from planner.timing.host_overhead import host_overhead_s
 from planner.timing import stage_placement as sp
 from planner.timing import fp8 as fp8_timing
 from planner.memory import experts
@@ -82,9 +83,12 @@ class StepEstimate(Frozen):
     ep_comm_s: float = 0.0
     """Expert-parallel dispatch/combine all-to-alls of the slowest stage's MoE layers, on the
     critical path (planner.timing.expert); 0 without expert parallelism."""
+    host_overhead_s: float = 0.0
+    """Per-op dispatch and FSDP2's hooks at a calibrated node profile's `dispatch_per_op_us` /
+    `fsdp2_hook_us` (planner.timing.host_overhead); 0 without those keys."""
     step_s: float
     """Sum of the exposed terms: compute + recompute + memory-bound + tp + pp + bubble + dp exposed
-    + offload + cpu optimizer + gpu optimizer + ep all-to-all."""
+    + offload + cpu optimizer + gpu optimizer + ep all-to-all + host overhead."""
     tokens_per_s: float
     mfu: float
     """Model FLOPs utilisation: forward+backward FLOPs / (step time x GPUs x dense peak); FP8
@@ -373,6 +377,10 @@ class Rates(Frozen):
     interference: float = 0.0
     """k: the SM share an overlapped NCCL collective takes from compute
     (`interference.sm_share_lost`; 0 when the GPU profile has no sm_count)."""
+    dispatch_per_op_s: float = 0.0
+    """Node `dispatch_per_op_us` (calibrated), 0 when absent (planner.timing.host_overhead)."""
+    fsdp2_hook_s: float = 0.0
+    """Node `fsdp2_hook_us` (calibrated), 0 when absent (planner.timing.host_overhead)."""
 
 
 def cluster_rates(cluster: Cluster, setup: TrainSetup, efficiency: float | None = None) -> Rates:
@@ -406,6 +414,8 @@ def cluster_rates(cluster: Cluster, setup: TrainSetup, efficiency: float | None 
         nvme_write_bw=node.nvme_write_gb_per_s * GB or math.inf,
         cpu_adam_params_per_s=node.cpu_adam_params_per_s,
         interference=interference.sm_share_lost(cluster.gpu.sm_count),
+        dispatch_per_op_s=(node.dispatch_per_op_us or 0.0) * US,
+        fsdp2_hook_s=(node.fsdp2_hook_us or 0.0) * US,
     )
 
 
@@ -647,13 +657,14 @@ def state_terms(r: Rates, cols: LayoutColumns, layers, stage_params, shard_param
     offload, cpu = piecewise(shape, 2, [((opt_target > 0) | (param_target > 0), offloading)])
     gpu_opt = gpu_optimizer_s(opt_target > 0, shard, sizes.optimizer_bytes, grad_b, param_b,
                               r.hbm_bw)
+    host = host_overhead_s(r.dispatch_per_op_s, r.fsdp2_hook_s, layers, m, fsdp)
     return dict(dp_comm_s=dp_total, dp_comm_exposed_s=dp_exposed, offload_s=offload,
-                cpu_optimizer_s=cpu, gpu_optimizer_s=gpu_opt)
+                cpu_optimizer_s=cpu, gpu_optimizer_s=gpu_opt, host_overhead_s=host)
 
 
 EXPOSED = ("compute_s", "recompute_s", "memory_bound_s", "tp_comm_s", "cp_comm_s", "pp_comm_s",
            "bubble_s", "dp_comm_exposed_s", "offload_s", "cpu_optimizer_s", "gpu_optimizer_s",
-           "ep_comm_s")
+           "ep_comm_s", "host_overhead_s")
 """The terms whose sum is the step time (`StepEstimate.step_s`)."""
 
 

@@ -140,6 +140,7 @@ def print_fit(result: FitResult) -> None:
             f"{result.setup.train_tokens:.3g} tokens "
             f"({step.gpu_hours:,.0f} GPU-hours)"
             + (f"; expert all-to-all {fmt_seconds(step.ep_comm_s)}" if step.ep_comm_s else "")
+            + (f"; host overhead (calibrated) {fmt_seconds(step.host_overhead_s)}" if step.host_overhead_s else "")
         )
     if result.strategies:
         console.print(strategy_table(result))

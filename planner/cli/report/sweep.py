@@ -108,7 +108,7 @@ def breakdown_table(row: SweepRow) -> Table:
     table.add_column("share", justify="right")
     for name in ("compute_s", "recompute_s", "memory_bound_s", "tp_comm_s", "cp_comm_s", "pp_comm_s",
                  "bubble_s", "dp_comm_exposed_s", "offload_s", "cpu_optimizer_s",
-                 "gpu_optimizer_s", "ep_comm_s"):
+                 "gpu_optimizer_s", "ep_comm_s", "host_overhead_s"):
         value = getattr(est, name)
         table.add_row(name.removesuffix("_s"), f"{value:.4f}", f"{value / est.step_s:.1%}")
     table.add_row("dp_comm (incl. hidden)", f"{est.dp_comm_s:.4f}", "")
