@@ -141,12 +141,17 @@ def test_fit_shows_the_mesh_and_bad_values_exit_2():
     assert "dp_shard=6 must divide dp=128" in bad.output and "Traceback" not in bad.output
 
 
-def test_round_trips_job_file_and_export_to_check(tmp_path: Path):
+def _hsdp_job(tmp_path: Path, setup: str) -> Path:
+    """Llama 2 7B on 128 A100 as dp 128 with 8-GPU shard groups (FSDP2, ZeRO-3), `setup` added."""
     job = tmp_path / "job.yaml"
     job.write_text("model: llama2-7b\ncluster: {gpu: a100-80gb, gpus: 128}\n"
                    "layout: {dp: 128, dp_shard: 8, dp_engine: fsdp2, zero_stage: 3, micro_batch: 1}\n"
-                   "setup: {seq_len: 4096, global_batch: 128, train_tokens: 1e9, "
-                   "precision: bf16-mixed}\n")
+                   f"setup: {{seq_len: 4096, global_batch: 128, train_tokens: 1e9, {setup}}}\n")
+    return job
+
+
+def test_round_trips_job_file_and_export_to_check(tmp_path: Path):
+    job = _hsdp_job(tmp_path, "precision: bf16-mixed")
     checked = runner.invoke(app, ["check", str(job)])
     assert checked.exit_code == 0, checked.output
     assert "dp128 dp_shard8 zero3 fsdp2" in checked.output
@@ -200,11 +205,7 @@ def test_accelerate_export_of_an_autocast_plan_reads_back_with_the_same_memory(t
     the autocast-bf16 recipe (planner/io/accelerate_config.py). Exporting an autocast-bf16 plan
     and checking the file must give the same recipe, layout and peak (the same printed line); the
     plan names transformers' SDPA blocks, which the accelerate reader assumes."""
-    job = tmp_path / "job.yaml"
-    job.write_text("model: llama2-7b\ncluster: {gpu: a100-80gb, gpus: 128}\n"
-                   "layout: {dp: 128, dp_shard: 8, dp_engine: fsdp2, zero_stage: 3, micro_batch: 1}\n"
-                   "setup: {seq_len: 4096, global_batch: 128, train_tokens: 1e9, "
-                   "precision: autocast-bf16, implementation: hf-sdpa}\n")
+    job = _hsdp_job(tmp_path, "precision: autocast-bf16, implementation: hf-sdpa")
     checked = runner.invoke(app, ["check", str(job)])
     assert checked.exit_code == 0, checked.output
     out = tmp_path / "acc.yaml"

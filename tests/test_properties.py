@@ -30,6 +30,17 @@ SETTINGS = settings(max_examples=40, deadline=None,
                     suppress_health_check=[HealthCheck.filter_too_much, HealthCheck.too_slow])
 
 
+def _job_file(tmp_path, name, gpu, gpus, lay, seq, batch, **setup):
+    """A job file holding the sweep's layout (bf16-mixed, 1e12 tokens, `setup`'s extra keys)."""
+    layout_yaml = {k: v for k, v in lay.model_dump(mode="json").items() if k != "buffers"}
+    job = tmp_path / "job.yaml"
+    job.write_text(yaml.safe_dump({
+        "model": name, "cluster": {"gpu": gpu, "gpus": gpus}, "layout": layout_yaml,
+        "setup": {"seq_len": seq, "global_batch": batch, "train_tokens": 1e12,
+                  "precision": "bf16-mixed", **setup}}))
+    return job
+
+
 @st.composite
 def jobs(draw, zero=None, offload=True):
     """(model, cluster, layout, setup) that the rule table accepts."""
@@ -172,12 +183,7 @@ def test_best_layout_round_trips_through_fit_check_and_deepspeed(zplan, tmp_path
     peak = max(s["total_bytes"] for s in fit_doc["memory"]["stages"])
     assert peak == best.gpu_peak_bytes
 
-    layout_yaml = {k: v for k, v in lay.model_dump(mode="json").items() if k != "buffers"}
-    job = tmp_path / "job.yaml"
-    job.write_text(yaml.safe_dump({
-        "model": name, "cluster": {"gpu": gpu, "gpus": gpus}, "layout": layout_yaml,
-        "setup": {"seq_len": seq, "global_batch": batch, "train_tokens": 1e12,
-                  "precision": "bf16-mixed", "optimizer": "adamw"}}))
+    job = _job_file(tmp_path, name, gpu, gpus, lay, seq, batch, optimizer="adamw")
     code_job, direct = _check(zplan, str(job))
     assert code_job == 0
     assert max(s["total_bytes"] for s in direct["stages"]) == best.gpu_peak_bytes
@@ -254,12 +260,7 @@ def test_best_hsdp_layout_round_trips_through_fit_check_and_accelerate(zplan, tm
     assert max(s["total_bytes"] for s in fit_doc["memory"]["stages"]) == best.gpu_peak_bytes
     assert fit_doc["step"]["step_s"] == pytest.approx(best.estimate.step_s, rel=1e-12)
 
-    layout_yaml = {k: v for k, v in lay.model_dump(mode="json").items() if k != "buffers"}
-    job = tmp_path / "job.yaml"
-    job.write_text(yaml.safe_dump({
-        "model": name, "cluster": {"gpu": gpu, "gpus": gpus}, "layout": layout_yaml,
-        "setup": {"seq_len": seq, "global_batch": batch, "train_tokens": 1e12,
-                  "precision": "bf16-mixed", "implementation": "hf-sdpa"}}))
+    job = _job_file(tmp_path, name, gpu, gpus, lay, seq, batch, implementation="hf-sdpa")
     code_job, direct = _check(zplan, str(job))
     assert code_job == 0
     assert max(s["total_bytes"] for s in direct["stages"]) == best.gpu_peak_bytes
@@ -273,4 +274,6 @@ def test_best_hsdp_layout_round_trips_through_fit_check_and_accelerate(zplan, tm
     _, via = _check(zplan, "--accelerate-config", str(acc), "--model", name, "--gpu", gpu,
                     "--micro-batch", str(lay.micro_batch), "--global-batch", str(batch),
                     "--seq-len", str(seq), "--tokens", "1e12", "--implementation", "hf-sdpa")
-    assert {k: v for k, v in via["layout"].items() if k != "buffers"} == layout_yaml
+    planned = lay.model_dump(mode="json")
+    assert {k: v for k, v in via["layout"].items() if k != "buffers"} == {
+        k: v for k, v in planned.items() if k != "buffers"}
