@@ -12,7 +12,7 @@ import torch
 from planner.calibrate.predict import Inventory, OpRecorder, compute_seconds
 from planner.calibrate.reuse import (OpTouch, ReuseCurve, last_level_cache_bytes, op_distance, parse_cache_size,
                                      reuse_distances)
-from tests.test_calibrate_hardware import _parts
+from test_calibrate_hardware import _parts  # tests/ is on sys.path (rootdir conftest)
 
 
 def test_reuse_distances_of_a_made_up_op_order() -> None:
