@@ -227,6 +227,17 @@ def init(backend: str, timeout_s: float, rank: int, world: int, store_dir: str |
                             timeout=timedelta(seconds=timeout_s))
 
 
+def close(finished: bool) -> None:
+    """Leave the process group. gloo aborts a rank ('terminate called without an active
+    exception', SIGABRT) when a peer closes its connections while this rank's last collective
+    is still draining them (seen under torchrun and spawn in CI); so when every rank finished its
+    work (`finished`) they meet in a barrier first. After a failure no barrier: a peer may be
+    gone, and the barrier would hang until the timeout."""
+    if finished:
+        dist.barrier()
+    dist.destroy_process_group()
+
+
 def rank_device(local_rank: int, want: str) -> torch.device:
     if want != "cpu" and torch.cuda.is_available():
         torch.cuda.set_device(local_rank)
@@ -245,6 +256,7 @@ def spawned_worker(rank: int, world: int, store_dir: str, cfg: dict) -> None:
     torch.set_num_threads(cfg["threads"])
     use_clock(cfg.get("clock", "wall"))  # the contention probes time with the parts' clock
     init("nccl" if device.type == "cuda" else "gloo", cfg["timeout_s"], rank, world, store_dir)
+    finished = False
     try:
         stall = cfg["stall_s"] if rank == cfg.get("stall_rank") else 0.0
         fits, contention = measure_all_levels(tuple(cfg["sizes"]), tuple(cfg["ops"]), device, world, world,
@@ -255,6 +267,7 @@ def spawned_worker(rank: int, world: int, store_dir: str, cfg: dict) -> None:
             Path(store_dir, "fits.json").write_text(json.dumps({"collectives": [f.model_dump() for f in fits],
                                                                 "contention": [c.model_dump() for c in contention],
                                                                 "fsdp2": [f.model_dump() for f in fsdp2]}))
+        finished = True
     except CollectiveFailed as err:
         _report(store_dir, rank, {"op": err.op, "size": err.size, "message": err.message})
     except PlanInputError as err:
@@ -262,7 +275,7 @@ def spawned_worker(rank: int, world: int, store_dir: str, cfg: dict) -> None:
     except Exception as err:  # noqa: BLE001 - reported to the parent, which raises
         _report(store_dir, rank, {"message": f"{type(err).__name__}: {err}"})
     finally:
-        dist.destroy_process_group()
+        close(finished)
 
 
 def fsdp2_on_node(device: torch.device, world: int, local_world: int) -> list[Fsdp2CollectiveFit]:

@@ -20,6 +20,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from planner.calibrate.collectives import close
 from planner.calibrate.compare import Row, distributed_rows
 from planner.calibrate.measure import tensor_bytes
 from planner.calibrate.models import build_model
@@ -122,12 +123,14 @@ def _worker(rank: int, world: int, store_dir: str, model_json: str, seq_len: int
         torch.cuda.set_device(device)
     backend = "nccl" if device.type == "cuda" else "gloo"
     dist.init_process_group(backend, init_method=f"file://{store_dir}/store", rank=rank, world_size=world)
+    finished = False
     try:
         out = {"rank": rank, "ddp": ddp_and_zero1(model, seq_len, micro_batch, device),
                "fsdp2": fsdp2(model, seq_len, micro_batch, device)}
         Path(store_dir, f"rank{rank}.json").write_text(json.dumps(out))
+        finished = True
     finally:
-        dist.destroy_process_group()
+        close(finished)
 
 
 def measure_ranks(model: ModelSpec, seq_len: int, micro_batch: int, nproc: int, device: str = "auto") -> list[dict]:

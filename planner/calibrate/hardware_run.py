@@ -209,6 +209,7 @@ def calibrate_torchrun(cfg: HardwareConfig, env: dict[str, int], tick: Tick) -> 
     torch.set_num_threads(threads)
     parts = measure_device(cfg, device, tick if env["RANK"] == 0 else (lambda _what: None))
     coll.init("nccl" if device.type == "cuda" else "gloo", cfg.timeout_s, env["RANK"], world, None)
+    finished = False
     try:
         c = collective_cfg(cfg, device, threads)
         with warnings.catch_warnings():
@@ -217,12 +218,11 @@ def calibrate_torchrun(cfg: HardwareConfig, env: dict[str, int], tick: Tick) -> 
             fits, contention = coll.measure_all_levels(tuple(c["sizes"]), tuple(c["ops"]), device, world, local_world,
                                                        cfg.timeout_s, progress, copy_max_bytes=cfg.kernel_max_bytes)
             fsdp2 = coll.fsdp2_on_node(device, world, local_world)
+        finished = True
     except coll.CollectiveFailed as err:
         raise PlanInputError("timeout-s" if "time" in err.message.lower() else "collectives", str(err)) from None
     finally:
-        import torch.distributed as dist
-
-        dist.destroy_process_group()
+        coll.close(finished)
     if env["RANK"] != 0:
         return None
     return HardwareParts(**stamp(device, threads, world, world // local_world), **parts, collectives=tuple(fits),

@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from planner.calibrate.collectives import close
 from planner.calibrate.hardware import now, use_clock
 from planner.calibrate.models import build_model
 from planner.calibrate.predict import StepConfig
@@ -112,11 +113,13 @@ def _worker(rank: int, store_dir: str, cfg_json: str, threads: int, steps: int, 
     use_clock(clock)
     cfg = StepConfig.model_validate_json(cfg_json)
     dist.init_process_group("gloo", init_method=f"file://{store_dir}/store", rank=rank, world_size=cfg.nproc)
+    finished = False
     try:
         result = measure(cfg, rank, threads, steps, warmup)
         Path(store_dir, f"rank{rank}.json").write_text(result.model_dump_json())
+        finished = True
     finally:
-        dist.destroy_process_group()
+        close(finished)
 
 
 STEPS = 10
