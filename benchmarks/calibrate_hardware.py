@@ -159,6 +159,10 @@ def one_run(args, number: int) -> str:
         print(f"FSDP2 as called ({'block, resharded' if f.resharded else 'root, not resharded'}) x{f.ranks}: per group "
               f"alpha {f.fit.latency_s * 1e3:.2f} ms, {f.fit.bytes_per_s / 1e9:.2f} GB/s of group bytes; points "
               + ", ".join(f"{b / 2**20:.2f} MiB {t * 1e3:.1f} ms" for b, t in zip(f.sizes_bytes, f.times_s)))
+    for f in parts.engine_optimizers:
+        print(f"{f.engine} optimizer step as called x{f.ranks}: latency {f.fit.latency_s * 1e3:.2f} ms, "
+              f"{f.fit.per_tensor_s * 1e6:.0f} us per tensor, {f.fit.per_element_s * 1e9:.2f} ns per element "
+              "(planner/calibrate/engine_optimizer.py)")
     _contention(parts)
     seen = _table("SEEN (every configuration of the earlier sessions)", seen_configs(base, 2), parts) \
         if args.which in ("seen", "both") else Split()

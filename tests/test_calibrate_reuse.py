@@ -11,7 +11,7 @@ import torch
 
 from planner.calibrate.predict import Inventory, OpRecorder, compute_seconds
 from planner.calibrate.reuse import (OpTouch, ReuseCurve, last_level_cache_bytes, op_distance, parse_cache_size,
-                                     reuse_distances)
+                                     cyclic_distances, reuse_distances)
 from test_calibrate_hardware import _parts  # tests/ is on sys.path (rootdir conftest)
 
 
@@ -27,6 +27,10 @@ def test_reuse_distances_of_a_made_up_op_order() -> None:
     # D reads x, last touched by B (a read counts): 310 - 250 = 60 (C's 60 bytes in between);
     # z written by C: 0; p touched by no earlier op: None.
     assert reuse_distances(ops) == [(), (0,), (0,), (60, 0, None)]
+    # The step repeated with 1000 B of optimizer traffic between: D touches 100 + 10 + 8 + 20 = 138
+    # -> the step ends at 448. p was last touched by D itself (end 448), D starts at 310:
+    # 448 - 448 (the tail after p's last touch) + 1000 + 310 (the head before D) = 1310.
+    assert cyclic_distances(ops, 1000) == [(), (0,), (0,), (60, 0, 1310)]
 
 
 def test_op_distance_is_the_byte_weighted_mean_with_cold_inputs_at_cold_bytes() -> None:
@@ -68,7 +72,10 @@ def test_recorder_reuse_distances_on_meta_tensors() -> None:
                           # sum reads the add's output (0)
     kinds = [k for k, _ in recorder.kernels]
     assert kinds == ["elementwise", "elementwise", "elementwise", "reduction"]
-    assert recorder.kernel_reads() == (((16, None), (16, None)), ((16, 0),), ((16, 32), (16, 0)), ((16, 0),))
+    # The loop (cyclic_distances, 10 B between steps): sum reads 16 and writes a 4-byte scalar, 20 B ->
+    # the step ends at 148. a was last touched by the second add (ends at 128): 148 - 128 + 10 + 0 = 30;
+    # b only by the first (ends at 48): 148 - 48 + 10 + 0 = 110.
+    assert recorder.kernel_reads(10) == (((16, 30), (16, 110)), ((16, 0),), ((16, 32), (16, 0)), ((16, 0),))
 
 
 def test_predictor_multiplies_each_memory_bound_op_by_its_reuse_factor() -> None:

@@ -26,6 +26,8 @@ import torch
 import torch.distributed as dist
 
 from planner.calibrate.fits import fit_alpha_beta
+from planner.calibrate.engine_optimizer import EngineOptimizerFit
+from planner.calibrate.engine_optimizer import measure as measure_engine_optimizers
 from planner.calibrate.fsdp2_collectives import Fsdp2CollectiveFit
 from planner.calibrate.fsdp2_collectives import measure as measure_fsdp2
 from planner.calibrate.contention import measure_contention
@@ -263,10 +265,12 @@ def spawned_worker(rank: int, world: int, store_dir: str, cfg: dict) -> None:
                                               cfg["timeout_s"], _stderr_progress(rank, len(cfg["ops"]) * len(cfg["sizes"])), stall,
                                               cfg.get("copy_max_bytes"))
         fsdp2 = fsdp2_on_node(device, world, world)
+        optimizers = engine_optimizers_on_node(device, world, world)
         if rank == 0:
             Path(store_dir, "fits.json").write_text(json.dumps({"collectives": [f.model_dump() for f in fits],
                                                                 "contention": [c.model_dump() for c in contention],
-                                                                "fsdp2": [f.model_dump() for f in fsdp2]}))
+                                                                "fsdp2": [f.model_dump() for f in fsdp2],
+                                                                "engine_optimizers": [f.model_dump() for f in optimizers]}))
         finished = True
     except CollectiveFailed as err:
         _report(store_dir, rank, {"op": err.op, "size": err.size, "message": err.message})
@@ -287,6 +291,18 @@ def fsdp2_on_node(device: torch.device, world: int, local_world: int) -> list[Fs
         return measure_fsdp2(dist.group.WORLD, device)
     except Exception as err:  # noqa: BLE001 - c10d raises RuntimeError / DistBackendError
         raise CollectiveFailed("fsdp2", 0, "during the FSDP2 probe: " + " ".join(str(err).split())[:300]) from None
+
+
+def engine_optimizers_on_node(device: torch.device, world: int, local_world: int) -> list[EngineOptimizerFit]:
+    """ZeRO-1's and FSDP2's optimizer steps as the engines call them (planner.calibrate.
+    engine_optimizer) on the ranks of a single node (none with one rank or several nodes)."""
+    if world < 2 or world != local_world:
+        return []
+    try:
+        return measure_engine_optimizers(dist.group.WORLD, device)
+    except Exception as err:  # noqa: BLE001 - c10d raises RuntimeError / DistBackendError
+        raise CollectiveFailed("optimizer", 0, "during the engine optimizer probe: "
+                               + " ".join(str(err).split())[:300]) from None
 
 
 def _report(store_dir: str, rank: int, error: dict) -> None:
@@ -310,8 +326,9 @@ def _stderr_progress(rank: int, total: int):
 
 
 def spawn_collectives(nproc: int, cfg: dict) -> tuple[list[CollectiveFit], list[ContentionPoint],
-                                                     list[Fsdp2CollectiveFit]]:
-    """Run the collectives, the contention probes and the FSDP2 probe on `nproc` local processes;
+                                                     list[Fsdp2CollectiveFit], list[EngineOptimizerFit]]:
+    """Run the collectives, the contention probes, the FSDP2 probe and the engine optimizer probe
+    on `nproc` local processes;
     a failed collective is an input error naming the op, or a timeout naming --timeout-s."""
     import tempfile
 
@@ -319,7 +336,7 @@ def spawn_collectives(nproc: int, cfg: dict) -> tuple[list[CollectiveFit], list[
     from torch.multiprocessing.spawn import ProcessException
 
     if nproc < 2:
-        return [], [], []
+        return [], [], [], []
     with tempfile.TemporaryDirectory(prefix="zplan-coll-") as tmp:
         try:
             mp.spawn(spawned_worker, args=(nproc, tmp, cfg), nprocs=nproc, join=True)
@@ -328,7 +345,8 @@ def spawn_collectives(nproc: int, cfg: dict) -> tuple[list[CollectiveFit], list[
         out = json.loads(Path(tmp, "fits.json").read_text())
         return ([CollectiveFit.model_validate(f) for f in out["collectives"]],
                 [ContentionPoint.model_validate(c) for c in out["contention"]],
-                [Fsdp2CollectiveFit.model_validate(f) for f in out.get("fsdp2", [])])
+                [Fsdp2CollectiveFit.model_validate(f) for f in out.get("fsdp2", [])],
+                [EngineOptimizerFit.model_validate(f) for f in out.get("engine_optimizers", [])])
 
 
 def _failure(tmp: Path, timeout_s: float) -> Exception:

@@ -21,6 +21,26 @@ from planner.core.spec import Frozen
 from planner.timing.collectives import Collective, alpha_beta_s
 
 
+class OptimizerFit(Frozen):
+    """An optimizer step's time: t = latency_s + per_tensor_s·tensors + per_element_s·elements."""
+
+    latency_s: float
+    per_tensor_s: float
+    per_element_s: float
+
+    def seconds(self, tensors: int, elements: int) -> float:
+        return self.latency_s + self.per_tensor_s * tensors + self.per_element_s * elements
+
+
+def fit_optimizer(shapes: Sequence[tuple[int, int]], times_s: Sequence[float]) -> OptimizerFit:
+    """Least squares of t = latency + a·tensors + b·elements over parameter lists of
+    (tensors, elements each); the intercept and the per-tensor slope clipped at 0."""
+    rows = np.array([(1.0, count, count * numel) for count, numel in shapes])
+    (lat, per_tensor, per_elem), *_ = np.linalg.lstsq(rows, np.array(times_s, dtype=float), rcond=None)
+    return OptimizerFit(latency_s=max(float(lat), 0.0), per_tensor_s=max(float(per_tensor), 0.0),
+                        per_element_s=float(per_elem))
+
+
 class AlphaBeta(Frozen):
     """t(bytes) = latency_s + bytes / bytes_per_s."""
 

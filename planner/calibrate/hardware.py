@@ -16,11 +16,11 @@ import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
-from planner.calibrate.parts import FileBandwidth, KernelCurve, OptimizerFit
+from planner.calibrate.fits import OptimizerFit, fit_optimizer
+from planner.calibrate.parts import FileBandwidth, KernelCurve
 from planner.core.errors import PlanInputError
 from planner.core.spec import GemmPoint
 
@@ -157,8 +157,8 @@ OPTIMIZER_SHAPES = ((1, 4_000_000), (8, 250_000), (64, 16_000), (512, 1_000), (2
 
 def optimizer_fit(device: torch.device, shapes=OPTIMIZER_SHAPES) -> OptimizerFit:
     """Time `torch.optim.Adam.step` (torch's default implementation for the device) on synthetic
-    fp32 parameter lists; least squares of t = latency + a·tensors + b·elements."""
-    rows, times = [], []
+    fp32 parameter lists; least squares of t = latency + a·tensors + b·elements (fits.fit_optimizer)."""
+    times = []
     for count, numel in shapes:
         params = [torch.zeros(numel, device=device, requires_grad=True) for _ in range(count)]
         for p in params:
@@ -166,10 +166,7 @@ def optimizer_fit(device: torch.device, shapes=OPTIMIZER_SHAPES) -> OptimizerFit
         opt = torch.optim.Adam(params, lr=1e-4)
         opt.step()  # creates the states
         times.append(median_seconds(opt.step, device, 5))
-        rows.append((1.0, count, count * numel))
-    (lat, per_tensor, per_elem), *_ = np.linalg.lstsq(np.array(rows), np.array(times), rcond=None)
-    return OptimizerFit(latency_s=max(float(lat), 0.0), per_tensor_s=max(float(per_tensor), 0.0),
-                        per_element_s=float(per_elem))
+    return fit_optimizer(shapes, times)
 
 
 def host_device_bytes_per_s(device: torch.device, num_bytes: int = 256 * 2**20) -> tuple[float, float] | None:

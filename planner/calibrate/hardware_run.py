@@ -193,9 +193,10 @@ def calibrate_local(cfg: HardwareConfig, tick: Tick) -> HardwareParts:
         parts = measure_device(cfg, device, tick)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)
-        fits, contention, fsdp2 = coll.spawn_collectives(cfg.nproc, collective_cfg(cfg, device, threads))
+        fits, contention, fsdp2, optimizers = coll.spawn_collectives(cfg.nproc, collective_cfg(cfg, device, threads))
     return HardwareParts(**stamp(device, threads, cfg.nproc, 1), **parts, collectives=tuple(fits),
-                         contention=tuple(contention), fsdp2_collectives=tuple(fsdp2))
+                         contention=tuple(contention), fsdp2_collectives=tuple(fsdp2),
+                         engine_optimizers=tuple(optimizers))
 
 
 def calibrate_torchrun(cfg: HardwareConfig, env: dict[str, int], tick: Tick) -> HardwareParts | None:
@@ -218,6 +219,7 @@ def calibrate_torchrun(cfg: HardwareConfig, env: dict[str, int], tick: Tick) -> 
             fits, contention = coll.measure_all_levels(tuple(c["sizes"]), tuple(c["ops"]), device, world, local_world,
                                                        cfg.timeout_s, progress, copy_max_bytes=cfg.kernel_max_bytes)
             fsdp2 = coll.fsdp2_on_node(device, world, local_world)
+            optimizers = coll.engine_optimizers_on_node(device, world, local_world)
         finished = True
     except coll.CollectiveFailed as err:
         raise PlanInputError("timeout-s" if "time" in err.message.lower() else "collectives", str(err)) from None
@@ -226,4 +228,5 @@ def calibrate_torchrun(cfg: HardwareConfig, env: dict[str, int], tick: Tick) -> 
     if env["RANK"] != 0:
         return None
     return HardwareParts(**stamp(device, threads, world, world // local_world), **parts, collectives=tuple(fits),
-                         contention=tuple(contention), fsdp2_collectives=tuple(fsdp2))
+                         contention=tuple(contention), fsdp2_collectives=tuple(fsdp2),
+                         engine_optimizers=tuple(optimizers))

@@ -12,7 +12,8 @@ from typing import Literal
 
 from pydantic import Field
 
-from planner.calibrate.fits import AlphaBeta, interp_loglog
+from planner.calibrate.engine_optimizer import EngineOptimizerFit
+from planner.calibrate.fits import AlphaBeta, OptimizerFit, interp_loglog
 from planner.calibrate.fsdp2_collectives import Fsdp2CollectiveFit
 from planner.calibrate.reuse import ReuseCurve
 from planner.calibrate.shape_gemms import ShapeGemm
@@ -55,17 +56,6 @@ class CollectiveFit(Frozen):
     def bus_bytes_per_s(self) -> float:
         """nccl-tests busbw of the fitted algorithm bandwidth."""
         return self.fit.bytes_per_s * float(bus_factor(self.op, self.ranks))
-
-
-class OptimizerFit(Frozen):
-    """torch.optim.Adam step time: t = latency_s + per_tensor_s·tensors + per_element_s·elements."""
-
-    latency_s: float
-    per_tensor_s: float
-    per_element_s: float
-
-    def seconds(self, tensors: int, elements: int) -> float:
-        return self.latency_s + self.per_tensor_s * tensors + self.per_element_s * elements
 
 
 class FileBandwidth(Frozen):
@@ -156,6 +146,10 @@ class HardwareParts(Frozen):
     """The last-level cache the reuse grid is built on; None in an older parts file."""
     last_level_cache_source: str = ""
     """Where `last_level_cache_bytes` was read (sysfs, or the CUDA device properties)."""
+    engine_optimizers: tuple[EngineOptimizerFit, ...] = ()
+    """ZeRO-1's and FSDP2's optimizer step as the engines call it on the node's ranks
+    (planner.calibrate.engine_optimizer); empty in an older parts file (the predictor then uses
+    the Adam part with its contention slowdown, and ZeRO-1's broadcasts from the collectives)."""
 
     def kernel(self, kind: str) -> KernelCurve:
         """The curve of `kind`; a parts file measured before the log-softmax curves existed
@@ -202,6 +196,10 @@ class HardwareParts(Frozen):
         lo, hi = next((a, b) for a, b in zip(points, points[1:]) if num_bytes <= b.bytes_moved)
         w = math.log(num_bytes / lo.bytes_moved) / math.log(hi.bytes_moved / lo.bytes_moved)
         return lo.slowdown + w * (hi.slowdown - lo.slowdown)
+
+    def engine_optimizer(self, engine: str, ranks: int) -> OptimizerFit | None:
+        """The engine's optimizer-step fit on `ranks` ranks, None when not measured."""
+        return next((f.fit for f in self.engine_optimizers if f.engine == engine and f.ranks == ranks), None)
 
     def fsdp2_fit(self, resharded: bool, ranks: int) -> AlphaBeta | None:
         """The FSDP2-as-called fit of the schedule on `ranks` ranks, None when not measured."""

@@ -59,7 +59,7 @@ from planner.calibrate.dispatch import op_count
 from planner.calibrate.fsdp2_overhead import hooks_per_step, step_copies
 from planner.calibrate.models import build_model
 from planner.calibrate.parts import HardwareParts
-from planner.calibrate.reuse import OpTouch, op_distance, reuse_distances
+from planner.calibrate.reuse import OpTouch, cyclic_distances, op_distance
 from planner.calibrate.shape_gemms import GemmCall, call_of, lookup, seconds_by_call
 from planner.core.spec import Frozen, ModelSpec
 from planner.timing.gemm import efficiency_from_points, gemm_flops
@@ -101,8 +101,9 @@ class Inventory(Frozen):
     gemm_calls: tuple[GemmCall, ...] = ()
     """The GEMMs again with their op and operand layouts (planner.calibrate.shape_gemms)."""
     kernel_reads: tuple[tuple[tuple[int, int | None], ...], ...] = ()
-    """Per memory-bound op (aligned with `kernels`): (bytes, reuse distance in bytes or None for
-    an input no earlier op touched) per input storage (planner.calibrate.reuse.reuse_distances)."""
+    """Per memory-bound op (aligned with `kernels`): (bytes, reuse distance in bytes) per input
+    storage, the step repeating (planner.calibrate.reuse.cyclic_distances; None only in an
+    inventory built without the loop)."""
 
 
 class Prediction(Frozen):
@@ -171,9 +172,10 @@ class OpRecorder(TorchDispatchMode):
             self.touches.append(_touch((args, kwargs), out))
         return out
 
-    def kernel_reads(self) -> tuple[tuple[tuple[int, int | None], ...], ...]:
-        """(bytes, reuse distance) per input of each memory-bound op, in `kernels` order."""
-        distances = reuse_distances(self.touches)
+    def kernel_reads(self, between_steps_bytes: int) -> tuple[tuple[tuple[int, int | None], ...], ...]:
+        """(bytes, reuse distance) per input of each memory-bound op, in `kernels` order, the
+        step repeating with `between_steps_bytes` of optimizer traffic between (reuse.cyclic_distances)."""
+        distances = cyclic_distances(self.touches, between_steps_bytes)
         return tuple(tuple((b, d) for (_, b), d in zip(self.touches[i].reads, distances[i], strict=True))
                      for i in self.kernel_index)
 
@@ -220,8 +222,9 @@ def inventory(model: ModelSpec, seq_len: int, micro_batch: int) -> Inventory:
     recorder = OpRecorder()
     with recorder:
         net(tokens, tokens).backward()
+    adam_bytes = ADAM_BYTES_PER_ELEMENT * sum(p.numel() for p in net.parameters())
     return Inventory(gemms=tuple(recorder.gemms), kernels=tuple(recorder.kernels), views=recorder.views,
-                     gemm_calls=tuple(recorder.calls), kernel_reads=recorder.kernel_reads())
+                     gemm_calls=tuple(recorder.calls), kernel_reads=recorder.kernel_reads(adam_bytes))
 
 
 def compute_seconds(inv: Inventory, parts: HardwareParts, dtype: str = "fp32", ranks: int = 1,
@@ -315,9 +318,10 @@ def zero1_partition(sizes: list[int], ranks: int) -> list[list[int]]:
 
 
 def communication_seconds(cfg: StepConfig, parts: HardwareParts, elem_bytes: int = 4) -> float:
-    """Collectives of one step on `cfg.nproc` ranks from the fitted α–β."""
+    """Collectives of one step on `cfg.nproc` ranks from the fitted α–β; ZeRO-1's broadcasts
+    after the optimizer step only when the engine optimizer part (which holds them) is absent."""
     seconds = backward_communication_seconds(cfg, parts, elem_bytes)
-    if cfg.strategy == "zero1" and cfg.nproc > 1:
+    if cfg.strategy == "zero1" and cfg.nproc > 1 and engine_optimizer(cfg, parts) is None:
         p2p = parts.collective("send_recv", cfg.nproc).fit
         seconds += sum(p2p.seconds(n * elem_bytes) for n in param_sizes(cfg.model, cfg.seq_len))
     return seconds
@@ -406,9 +410,23 @@ def optimizer_shard(cfg: StepConfig) -> tuple[int, int]:
     return len(sizes), sum(sizes)
 
 
+def engine_optimizer(cfg: StepConfig, parts: HardwareParts):
+    """The engine optimizer part (planner.calibrate.engine_optimizer) for a ZeRO-1 or FSDP2 step
+    on ranks it was measured on, else None."""
+    if cfg.nproc == 1 or cfg.strategy not in ("zero1", "fsdp2"):
+        return None
+    return parts.engine_optimizer(cfg.strategy, cfg.nproc)
+
+
 def optimizer_seconds(cfg: StepConfig, parts: HardwareParts, ranks: int = 1) -> float:
-    """Adam on this rank's shard, at the memory contention slowdown of its bytes with `ranks`
-    ranks stepping at once (they leave the last collective together)."""
+    """ZeRO-1 / FSDP2 with the engine optimizer part: the part at the whole parameter list's
+    tensors and elements (every rank stepping at once and ZeRO-1's broadcasts are inside it).
+    Otherwise Adam on this rank's shard, at the memory contention slowdown of its bytes with
+    `ranks` ranks stepping at once (they leave the last collective together)."""
+    engine = engine_optimizer(cfg, parts)
+    if engine is not None:
+        sizes = param_sizes(cfg.model, cfg.seq_len)
+        return engine.seconds(len(sizes), sum(sizes))
     tensors, elements = optimizer_shard(cfg)
     slow = parts.slowdown("memory", ranks, False, ADAM_BYTES_PER_ELEMENT * elements)
     return parts.optimizer.seconds(tensors, elements) * slow

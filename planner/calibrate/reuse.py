@@ -10,10 +10,13 @@ where the step puts it:
 - reuse distance (from the recorded op order, `reuse_distances`): for each input of an op, the
   bytes read + written by every op between the last op that touched that input (wrote or read
   it) and this one. An input touched by no earlier op of the step (a parameter read by the
-  forward, the token batch) is `None`: last touched by the previous step's optimizer, i.e. cold.
-  The op's distance (`op_distance`) is the byte-weighted mean of its inputs' distances, a cold
-  input counted at `cold_bytes` (the largest distance measured). A named approximation: the
-  inputs of one op are read together, so one distance per op.
+  forward, the token batch) was last touched by the previous step: `cyclic_distances` counts
+  the bytes from its last touch in the step to the step's end, the optimizer step's traffic in
+  between, and the bytes from the step's start to this op (steps repeat alike; the engines'
+  own copies between steps are not counted: a named approximation). The op's distance
+  (`op_distance`) is the byte-weighted mean of its inputs' distances (an input without one,
+  in a recording without the loop, at `cold_bytes`, the largest distance measured). A named
+  approximation: the inputs of one op are read together, so one distance per op.
 - the curve (`measure_reuse_curve`): for each op kind and input size, the op timed right after
   `D` bytes were streamed through a scratch buffer (a copy of D/2 bytes into D/2 bytes), D on a
   grid from 0 to 4 x the last-level cache; stored as the ratio t(size, D) / t(size, 0), both
@@ -68,6 +71,26 @@ def reuse_distances(ops: Sequence[OpTouch]) -> list[tuple[int | None, ...]]:
         for key, _ in op.reads + op.writes:
             last_touch[key] = total
     return out
+
+
+def cyclic_distances(ops: Sequence[OpTouch], between_steps_bytes: int) -> list[tuple[int, ...]]:
+    """`reuse_distances` of a step that runs over and over, as training does: an input no earlier
+    op of the step touched was last touched by the previous step, so its distance is the bytes
+    after its last touch in the step (the step's tail) + `between_steps_bytes` (the optimizer
+    step's traffic) + the bytes before this op (the step's head)."""
+    first = reuse_distances(ops)
+    starts, ends, total = [], [], 0
+    for op in ops:
+        starts.append(total)
+        total += op.touched_bytes
+        ends.append(total)
+    last_end: dict[int, int] = {}
+    for op, end in zip(ops, ends, strict=True):
+        for key, _ in op.reads + op.writes:
+            last_end[key] = end
+    return [tuple(d if d is not None else total - last_end[key] + between_steps_bytes + start
+                  for (key, _), d in zip(op.reads, dists, strict=True))
+            for op, dists, start in zip(ops, first, starts, strict=True)]
 
 
 def op_distance(read_bytes: Sequence[int], distances: Sequence[int | None], cold_bytes: float) -> float:

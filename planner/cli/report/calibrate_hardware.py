@@ -56,6 +56,10 @@ def parts_table(parts) -> Table:
                       f"{curve.large_bytes_per_s / 1e9:.2f}")
     opt = parts.optimizer
     table.add_row("Adam (params/s; us per tensor)", f"{1 / opt.per_element_s:.3g}; {opt.per_tensor_s * 1e6:.1f}")
+    for engine in parts.engine_optimizers:
+        fit = engine.fit
+        table.add_row(f"{engine.engine} optimizer step x{engine.ranks} (us per tensor; ns per element)",
+                      f"{fit.per_tensor_s * 1e6:.1f}; {fit.per_element_s * 1e9:.2f}")
     if parts.host_to_device_bytes_per_s:
         table.add_row("host->device / device->host (GB/s)",
                       f"{parts.host_to_device_bytes_per_s / 1e9:.2f} / {parts.device_to_host_bytes_per_s / 1e9:.2f}")
