@@ -25,7 +25,7 @@ The sets, reported apart:
   prediction or measurement of them was run (3 x 480, 5 x 272, 2 x 608, 3 x 544, 6 x 160,
   2 x 800; sequence lengths 80, 144, 176, 240; micro-batch 9); reported by the lead's three
   quiet runs (every row low by 6-18 %) and looked at, so seen now too.
-- `new_heldout_configs` (NEW): fixed and committed 2026-11-24 ~06:35 UTC, before any prediction
+- `new_heldout_configs` (NEW): fixed and committed 2026-11-24 ~06:20 UTC, before any prediction
   or measurement of them was run and before any of that session's investigation of the
   remaining low bias: model sizes used by no earlier set (4 x 368, 6 x 240, 2 x 672, 3 x 496,
   5 x 200, 2 x 736), sequence lengths none used before (200, 120, 72, 104, 272, 168),
