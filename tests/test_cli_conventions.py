@@ -104,6 +104,11 @@ def _commands():
     return {name: load_command(name) for name in COMMANDS if name != "calibrate"}
 
 
+SWEEP_SEARCHES = ("--recompute-num-layers",)
+"""Sweep options that search as well as pin (`--recompute-num-layers auto`): one meaning
+among the sweep's options, another in the one-layout commands."""
+
+
 def test_every_option_name_means_the_same_in_every_command():
     # calibrate (engineer C's command) is excluded: its --seq-len / --micro-batch are the
     # scaled-down run's sizes, not the planned job's.
@@ -113,7 +118,7 @@ def test_every_option_name_means_the_same_in_every_command():
             for flag in param.opts:
                 if not flag.startswith("--") or flag == "--help":
                     continue
-                pins = name == "sweep" and "comma list" in (param.help or "")
+                pins = name == "sweep" and ("comma list" in (param.help or "") or flag in SWEEP_SEARCHES)
                 key = flag + (" (pins)" if pins else "")
                 if flag == "--gpus" and name == "sweep":
                     key = "--gpus (range)"

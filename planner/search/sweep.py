@@ -34,7 +34,7 @@ import functools
 import math
 import time
 from collections.abc import Callable
-from typing import Annotated
+from typing import Annotated, Literal
 
 import numpy as np
 from pydantic import Field
@@ -60,6 +60,8 @@ SEARCHED_RECOMPUTE = ("none", "selective", "full")
 PINNED_RECOMPUTE = ("block",)
 """Recompute modes the sweep runs only when pinned (`Constraints.recompute_num_layers`)."""
 PINNABLE_RECOMPUTE = SEARCHED_RECOMPUTE + PINNED_RECOMPUTE
+AUTO_DEPTH = "auto"
+"""`Constraints.recompute_num_layers` that searches the block depth (`--recompute-num-layers auto`)."""
 RECOMPUTE_MODES = columns.RECOMPUTE_MODES
 TARGETS: tuple[OffloadTarget, ...] = OFFLOAD_TARGETS
 
@@ -85,9 +87,11 @@ class Constraints(Frozen):
     cp_comm_type: tuple[str, ...] | None = None
     """`Layout.cp_comm_type` values to search for cp > 1 (p2p, a2a); None: both."""
     recompute: tuple[str, ...] | None = None
-    recompute_num_layers: int | None = None
-    """`Layout.recompute_num_layers` of the `block` candidates, pinned (block runs only when
-    pinned in `recompute`, and needs this)."""
+    recompute_num_layers: Annotated[int, Field(ge=1)] | Literal["auto"] | None = None
+    """`Layout.recompute_num_layers` of the `block` candidates (block runs only when pinned in
+    `recompute`, and needs this): one pinned n, or "auto" (`AUTO_DEPTH`): every n from 1 to the
+    candidate's largest model chunk (`block_depths`), of which the ranking keeps each layout's
+    least n that fits (`least_fitting_depths`)."""
     sequence_parallel: tuple[bool, ...] | None = None
     micro_batch: tuple[int, ...] | None = None
     max_tp: int | None = None
@@ -310,7 +314,9 @@ def enumerate_product(model: ModelSpec, cluster: Cluster, setup: TrainSetup, c: 
         sequence_parallel=seq_par[s],
         recompute_every_k=np.ones(len(pair), dtype=np.int64))
     key = (pair * len(recompute) + r) * len(seq_par) + s
-    if c.recompute and "block" in c.recompute:  # the pinned n (a column only then), its rule
+    if c.recompute and "block" in c.recompute and c.recompute_num_layers == AUTO_DEPTH:
+        cols, key = block_depths(model, cols, key, "full" in recompute_names(recompute))
+    elif c.recompute and "block" in c.recompute:  # the pinned n (a column only then), its rule
         cols = cols.with_columns(recompute_num_layers=np.where(
             recompute[r] == RECOMPUTE_MODES.index("block"), c.recompute_num_layers or 0, 0))
         block_ok, block_rejected = rules.mask(ctx, cols, rules.named(rules.BLOCK_RULE))
@@ -324,6 +330,51 @@ def enumerate_product(model: ModelSpec, cluster: Cluster, setup: TrainSetup, c: 
         rejected |= hsdp_rejected
         cols, key = cols.take(hsdp_ok), key[hsdp_ok]
     return cols, rejected, key
+
+
+def recompute_names(codes: np.ndarray) -> tuple[str, ...]:
+    """The recompute modes of `codes` (columns.RECOMPUTE_MODES indices)."""
+    return tuple(RECOMPUTE_MODES[int(code)] for code in codes)
+
+
+def block_depths(model: ModelSpec, cols: LayoutColumns, key: np.ndarray, full_searched: bool
+                 ) -> tuple[LayoutColumns, np.ndarray]:
+    """`--recompute-num-layers auto`: each block candidate once per depth n = 1 .. the blocks of
+    its largest model chunk (`rules.largest_chunk_layers`, so the block rule holds by
+    construction), less that last depth when `full` is searched too (n = the whole chunk
+    recomputes every block: the full row); a chunk of one block has no depth left. Other
+    candidates keep n = 0. The activity key grows by n: the activations read it."""
+    is_block = cols["recompute"] == RECOMPUTE_MODES.index("block")
+    largest = rules.largest_chunk_layers(model.num_layers, cols) - int(full_searched)
+    count = np.where(is_block, np.maximum(largest, 0), 1)
+    src = np.repeat(np.arange(len(cols)), count)
+    depth = np.arange(len(src)) - np.repeat(np.cumsum(count) - count, count) + 1
+    depth = np.where(is_block[src], depth, 0)
+    return (cols.take(src).with_columns(recompute_num_layers=depth),
+            key[src] * (model.num_layers + 1) + depth)
+
+
+def least_fitting_depths(cands: LayoutColumns, fits: np.ndarray) -> np.ndarray:
+    """The rows a depth-searched sweep ranks (`--recompute-num-layers auto`): of each block
+    layout's depths, the least n that fits (every memory term is non-increasing in n and,
+    without CPU offload, the step time non-decreasing, tests/test_block_depth_search.py, so it is
+    then the layout's fastest fitting block row; with CPU offload a deeper n can be slightly
+    faster in the model: 0.02 % in the test's example), and only when the same layout without
+    recompute does not fit (it is then at least as fast); for a layout none of whose depths
+    fits, its largest n (the closest miss). Every other row passes."""
+    depth, rec = cands["recompute_num_layers"], cands["recompute"]
+    block = depth > 0
+    _, layout = group_rows(*(cands[k] for k in cands if k != "recompute_num_layers"))
+    _, same = group_rows(*(cands[k] for k in cands if k not in ("recompute", "recompute_num_layers")))
+    no_fit = np.iinfo(np.int64).max
+    least = np.full(int(layout.max(initial=-1)) + 1, no_fit, dtype=np.int64)
+    np.minimum.at(least, layout[fits & block], depth[fits & block])
+    most = np.zeros_like(least)
+    np.maximum.at(most, layout[block], depth[block])
+    pick = np.where(least[layout] < no_fit, least[layout], most[layout])
+    plain_fits = np.zeros(int(same.max(initial=-1)) + 1, dtype=bool)
+    plain_fits[same[fits & (rec == RECOMPUTE_MODES.index("none"))]] = True
+    return ~block | ((depth == pick) & ~plain_fits[same])
 
 
 def dp_shard_options(dp: int, dp_per_node: int) -> list[int]:
@@ -1016,13 +1067,15 @@ def sweep(model: ModelSpec, cluster: Cluster, setup: TrainSetup, constraints: Co
     cols |= {"opt": cands["offload_optimizer"], "par": cands["offload_params"]}  # offload codes for tie-breaking
     ok = fit_masks(cols, cluster)
     fits = ok[0] & ok[1] & ok[2]
+    shown = (least_fitting_depths(cands, fits) if c.recompute_num_layers == AUTO_DEPTH
+             else np.ones(n, dtype=bool))
     # every offload combination of a layout may be a near-identical variant (3 x 3 targets)
-    ranked = rank_order(cols, np.nonzero(fits)[0], sort, top * 9)
+    ranked = rank_order(cols, np.nonzero(fits & shown)[0], sort, top * 9)
     good = collapse_variants(cands, cols, ranked, top)
-    bad = rank_order(cols, np.nonzero(~fits)[0], "step-time", rejected)
+    bad = rank_order(cols, np.nonzero(~fits & shown)[0], "step-time", rejected)
     without_cp = None
     if good and int(cands["cp"][good[0][0]]) > 1:
-        plain = rank_order(cols, np.nonzero(fits & (cands["cp"] == 1))[0], sort, 1)
+        plain = rank_order(cols, np.nonzero(fits & shown & (cands["cp"] == 1))[0], sort, 1)
         without_cp = _row(cands, cols, int(plain[0]), c, cluster, True) if len(plain) else None
     return SweepResult(
         **base, fitting=int(fits.sum()), rejected_gpu=int((~ok[0]).sum()),

@@ -182,6 +182,27 @@ _SWEEP_DP_SHARD = ("HSDP shard groups searched: auto (default: every FSDP2 ZeRO-
                    "with each whole-node shard group below dp, docs/sweep.md), none (every layout "
                    "shards over its whole dp group), or a comma list (e.g. 8,16) pinning dp_shard "
                    "to those values.")
+_SWEEP_RECOMPUTE_NUM_LAYERS = (_RECOMPUTE_NUM_LAYERS + " Sweep: N, or auto: block is searched (added to "
+                               "the default modes unless --recompute is given) at every N from 1 to "
+                               "the largest chunk, and each layout shows its least N that fits "
+                               "(the fastest; fewer recomputed blocks never cost time).")
+SweepRecomputeNumLayersOpt = Annotated[Optional[str], typer.Option(
+    "--recompute-num-layers", help=_SWEEP_RECOMPUTE_NUM_LAYERS, rich_help_panel=LAYOUT)]
+
+
+def sweep_recompute_num_layers(text: str | None) -> int | str | None:
+    """`--recompute-num-layers` of the sweep as `Constraints.recompute_num_layers`: absent None,
+    auto "auto", a positive integer that int; else PlanInputError naming the option."""
+    if text is None:
+        return None
+    value = text.strip()
+    if value == "auto":
+        return value
+    if value.isascii() and value.isdigit() and 0 < int(value) < 2**63:
+        return int(value)
+    raise PlanInputError("--recompute-num-layers", f"{text!r}; allowed: auto or a positive integer")
+
+
 SweepDpShardOpt = Annotated[Optional[str], typer.Option(
     "--dp-shard", help=_SWEEP_DP_SHARD, rich_help_panel=LAYOUT)]
 

@@ -112,7 +112,7 @@ def register(app: typer.Typer) -> None:
         zero: opt.ZeroPinsOpt = None,
         micro_batch: opt.MicroBatchPinsOpt = None,
         recompute: opt.RecomputePinsOpt = None,
-        recompute_num_layers: opt.RecomputeNumLayersOpt = None,
+        recompute_num_layers: opt.SweepRecomputeNumLayersOpt = None,
         dp_engine: opt.DpEnginePinsOpt = None,
         dp_shard: opt.SweepDpShardOpt = None,
         offload_optimizer: opt.OffloadOptimizerPinsOpt = None,
@@ -177,14 +177,17 @@ def register(app: typer.Typer) -> None:
         zero_pins, engine_pins, sp_pins = sweep_pins(
             overlap, _ints("zero", zero), _choices("dp_engine", dp_engine, columns.DP_ENGINES),
             None if sequence_parallel is None else (sequence_parallel,))
+        depth = opt.sweep_recompute_num_layers(recompute_num_layers)
+        modes = _choices("recompute", recompute, sweep.PINNABLE_RECOMPUTE)
+        if depth == sweep.AUTO_DEPTH and modes is None:  # auto: block joins the default modes
+            modes = sweep.PINNABLE_RECOMPUTE
         constraints = sweep.Constraints(
             tp=_ints("tp", tp), pp=_ints("pp", pp), dp=_ints("dp", dp), ep=_ints("ep", ep),
             cp=_ints("cp", cp),
             cp_comm_type=_choices("cp_comm_type", cp_comm_type, columns.CP_COMM_TYPES),
             virtual_stages=_ints("virtual_stages", virtual_stages), zero_stage=zero_pins,
             micro_batch=_ints("micro_batch", micro_batch),
-            recompute=_choices("recompute", recompute, sweep.PINNABLE_RECOMPUTE),
-            recompute_num_layers=recompute_num_layers,
+            recompute=modes, recompute_num_layers=depth,
             dp_engine=engine_pins,
             offload_optimizer=("none",) if no_offload
             else _choices("offload_optimizer", offload_optimizer, sweep.TARGETS),
@@ -195,8 +198,7 @@ def register(app: typer.Typer) -> None:
             allow_cross_node_tp=allow_cross_node_tp, flash_attention=flash_attention is not False,
             buffers=buffers, megatron_overlap=overlap, dp_shard=opt.sweep_dp_shard(dp_shard),
         )
-        opt.check_recompute_num_layers("block" if "block" in (constraints.recompute or ()) else recompute,
-                                       recompute_num_layers)
+        opt.check_recompute_num_layers("block" if "block" in (constraints.recompute or ()) else recompute, depth)
         if any(z not in (0, 1, 2, 3) for z in constraints.zero_stage or ()):
             raise PlanInputError("zero", f"ZeRO stages are 0, 1, 2, 3; got {zero}")
         if efficiency is None and calibration is not None:
