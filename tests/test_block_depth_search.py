@@ -241,3 +241,31 @@ def test_bad_depth_exits_2_with_one_line(zplan, args, field):
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
     assert field in lines[0], lines[0]
+
+
+def test_best_megatron_block_layout_round_trips_through_megatron_flags(zplan, tmp_path: Path):
+    """Pinned to what Megatron-LM runs (ZeRO-1 = distributed optimizer, no offload), Llama 3 405B
+    at 8k tokens on 128 A100 80 GB: the best layout recomputes some blocks per chunk; exported as
+    a Megatron launch line (`--recompute-method block --recompute-num-layers n`) and read back by
+    `check --megatron-args`, it has the job file's memory, layout and verdict."""
+    name, gpu, gpus, seq, batch = "llama3-405b", "a100-80gb", 128, 8192, 128
+    model, cluster = loading.load_model(name), loading.cluster_for_gpus(gpu, gpus)
+    setup = make_setup(seq, batch, 1e12)
+    c = sweep.Constraints(recompute=sweep.PINNABLE_RECOMPUTE, recompute_num_layers="auto", cp=(1,),
+                          zero_stage=(1,), offload_optimizer=("none",), offload_params=("none",),
+                          dp_engine=("deepspeed",))
+    best = sweep.sweep(model, cluster, setup, c, top=1).top[0]
+    assert best.layout.recompute == "block"
+    job = _job_file(tmp_path, name, gpu, gpus, best.layout, seq, batch)
+    out = tmp_path / "launch.sh"
+    exported = zplan("export", "--format", "megatron", "--job", str(job), "-o", str(out))
+    assert exported.returncode == 0, exported.stderr
+    text = out.read_text()
+    assert "--recompute-method block" in text
+    assert f"--recompute-num-layers {best.layout.recompute_num_layers}" in text
+    direct = zplan("check", str(job), "--json")
+    via = zplan("check", "--megatron-args", str(out), "--cluster", "dgx-a100x128", "--json")
+    assert direct.returncode == via.returncode == 0, (direct.stderr, via.stderr)
+    d, v = json.loads(direct.stdout), json.loads(via.stdout)
+    assert max(s["total_bytes"] for s in d["stages"]) == best.gpu_peak_bytes
+    assert v["stages"] == d["stages"] and v["layout"] == d["layout"]
