@@ -108,10 +108,22 @@ def test_fsdp2_probe_formulas_by_hand() -> None:
 
 
 def _fsdp2_parts():
-    block = fsdp2_collectives.Fsdp2CollectiveFit(resharded=True, ranks=2, sizes_bytes=(1.0, 2.0), times_s=(1.0, 2.0),
-                                                 fit=AlphaBeta(latency_s=2e-3, bytes_per_s=1e9))
-    root = block.model_copy(update={"resharded": False, "fit": AlphaBeta(latency_s=1e-3, bytes_per_s=2e9)})
+    """Measured points: a block group 3 ms at 1,000 B and 7 ms at 5,000 B (1 µs per byte between
+    them), the root 2 ms at 10,000 B and 4 ms at 50,000 B (0.05 µs per byte); their α–β fits
+    (the node profile's keys) 2 ms + B / 1 GB/s and 1 ms + B / 2 GB/s."""
+    block = fsdp2_collectives.Fsdp2CollectiveFit(resharded=True, ranks=2, sizes_bytes=(1000.0, 5000.0),
+                                                 times_s=(3e-3, 7e-3), fit=AlphaBeta(latency_s=2e-3, bytes_per_s=1e9))
+    root = fsdp2_collectives.Fsdp2CollectiveFit(resharded=False, ranks=2, sizes_bytes=(10000.0, 50000.0),
+                                                times_s=(2e-3, 4e-3), fit=AlphaBeta(latency_s=1e-3, bytes_per_s=2e9))
     return _parts().model_copy(update={"fsdp2_collectives": (block, root), "fsdp2_hook_s": 250e-6})
+
+
+def test_fsdp2_part_is_read_on_its_points_by_hand() -> None:
+    block, root = _fsdp2_parts().fsdp2_collectives
+    assert block.seconds(3000) == pytest.approx(3e-3 + 2000 * 1e-6)  # between the points: 5 ms
+    assert block.seconds(9000) == pytest.approx(7e-3 + 4000 * 1e-6)  # above: along the last segment, 11 ms
+    assert block.seconds(10) == pytest.approx(3e-3)  # below: the smallest group's time
+    assert root.seconds(30000) == pytest.approx(2e-3 + 20000 * 5e-8)  # 3 ms
 
 
 def test_fsdp2_communication_from_the_as_called_part_by_hand() -> None:
@@ -121,7 +133,10 @@ def test_fsdp2_communication_from_the_as_called_part_by_hand() -> None:
     block_bytes = (288 + 288 + 264 + 32) * 4  # 872 parameters, 3488 bytes
     # the root: word 10·8 = 80, positions 1024·8 = 8192 (GPT-2's n_positions), final LayerNorm 16
     root_bytes = (80 + 8192 + 16) * 4  # 8288 parameters, 33152 bytes
-    expected = 2 * (2e-3 + block_bytes / 1e9) + (1e-3 + root_bytes / 2e9)
+    # read on the measured points (not the α–β fit): block 3 ms + (3488 - 1000) B x 1 µs/B = 5.488 ms,
+    # root 2 ms + (33152 - 10000) B x 0.05 µs/B = 3.1576 ms
+    expected = 2 * (3e-3 + (block_bytes - 1000) * 1e-6) + (2e-3 + (root_bytes - 10000) * 5e-8)
+    assert expected == pytest.approx(2 * 5.488e-3 + 3.1576e-3)
     parts = _fsdp2_parts()
     assert communication_seconds(cfg, parts) == pytest.approx(expected)
     # copies and hooks are inside the as-called part: not added again

@@ -85,3 +85,18 @@ def interp_loglog(sizes_bytes: Sequence[float], times_s: Sequence[float], num_by
     i = int(np.clip(np.searchsorted(lx, q) - 1, 0, len(lx) - 2))
     slope = (ly[i + 1] - ly[i]) / (lx[i + 1] - lx[i])
     return float(math.exp(ly[i] + slope * (q - lx[i])))
+
+
+def interp_linear(sizes_bytes: Sequence[float], times_s: Sequence[float], num_bytes: float) -> float:
+    """Time at `num_bytes` on the measured (bytes, seconds) points, linear between points and
+    along the last segment above them; below the first point, the first point's time (the
+    latency floor: a smaller transfer is not timed faster than the smallest one measured)."""
+    x = np.asarray(sizes_bytes, dtype=float)
+    y = np.asarray(times_s, dtype=float)
+    order = np.argsort(x)
+    x, y = x[order], y[order]
+    if num_bytes <= x[0]:
+        return float(y[0])
+    i = int(np.clip(np.searchsorted(x, num_bytes) - 1, 0, len(x) - 2))
+    slope = (y[i + 1] - y[i]) / (x[i + 1] - x[i])
+    return float(y[i] + slope * (num_bytes - x[i]))

@@ -20,7 +20,12 @@ of the node at once, minus the same stack unsharded, per group:
 
     c(B) = (t_sharded - t_plain) / GROUPS,   B = 4·w² bytes of a group's fp32 parameters
 
-over widths `WIDTHS`, fitted to α + B/β (planner.calibrate.fits.fit_alpha_beta). Measured twice:
+over widths `WIDTHS`, fitted to α + B/β (planner.calibrate.fits.fit_alpha_beta; the node profile's
+`fsdp2_groups` keys) and read by the predictor on the measured points themselves
+(`Fsdp2CollectiveFit.seconds`: linear between them, along the last segment above): the cost
+per byte grows with the group (SEEN parts of 2026-11-24: 4 -> 9 MiB costs 3.6 ms/MiB on the
+block schedule where the α–β fit over 64 KiB .. 9 MiB, weighted by 1/t, says 2.7), so a
+straight line through small and large groups reads large groups low. Measured twice:
 with `reshard_after_forward=True` (a block: all-gather before forward and again before backward,
 one reduce-scatter) and `False` (FSDP2's root: gathered once, one reduce-scatter). The predictor
 uses c_block(B) per block and c_root(B) for the root in place of the bare collectives, FSDP2's
@@ -31,12 +36,14 @@ from __future__ import annotations
 
 import statistics
 
-from planner.calibrate.fits import AlphaBeta, fit_alpha_beta
+from planner.calibrate.fits import AlphaBeta, fit_alpha_beta, interp_linear
 from planner.core.spec import Frozen
 
 GROUPS = 4
-WIDTHS = (128, 256, 512, 1024, 1536)
-"""Group parameter bytes 64 KiB .. 9 MiB (the held-apart models' blocks are 0.4-12 MiB)."""
+WIDTHS = (128, 256, 512, 1024, 1536, 2048, 3072)
+"""Group parameter bytes 64 KiB .. 36 MiB: the held-apart models' block groups are 0.4-31 MiB
+(12·h² x 4 bytes: h800 30.7 MB), so every predicted group lies inside the measured range (until
+2026-11-24 the range ended at 9 MiB and groups up to 26 MB were extrapolated)."""
 
 
 class Fsdp2CollectiveFit(Frozen):
@@ -47,6 +54,11 @@ class Fsdp2CollectiveFit(Frozen):
     sizes_bytes: tuple[float, ...]
     times_s: tuple[float, ...]
     fit: AlphaBeta
+
+    def seconds(self, num_bytes: float) -> float:
+        """Per-group cost of a group of `num_bytes` parameter bytes, on the measured points
+        (`fits.interp_linear`)."""
+        return interp_linear(self.sizes_bytes, self.times_s, num_bytes)
 
 
 def group_bytes(width: int, elem_bytes: int = 4) -> int:

@@ -203,7 +203,13 @@ class HardwareParts(Frozen):
 
     def fsdp2_fit(self, resharded: bool, ranks: int) -> AlphaBeta | None:
         """The FSDP2-as-called fit of the schedule on `ranks` ranks, None when not measured."""
-        return next((f.fit for f in self.fsdp2_collectives if f.resharded == resharded and f.ranks == ranks), None)
+        curve = self.fsdp2_curve(resharded, ranks)
+        return None if curve is None else curve.fit
+
+    def fsdp2_curve(self, resharded: bool, ranks: int) -> Fsdp2CollectiveFit | None:
+        """The FSDP2-as-called part of the schedule on `ranks` ranks (its measured points and
+        fit: `fsdp2_collectives.Fsdp2CollectiveFit`), None when not measured."""
+        return next((f for f in self.fsdp2_collectives if f.resharded == resharded and f.ranks == ranks), None)
 
     @property
     def where(self) -> str:

@@ -338,8 +338,8 @@ def backward_communication_seconds(cfg: StepConfig, parts: HardwareParts, elem_b
         return sum(ar.seconds(b) for b in ddp_buckets([n * elem_bytes for n in param_sizes(cfg.model, cfg.seq_len)]))
     blocks, root = block_param_elements(cfg.model, cfg.seq_len)
     if fsdp2_as_called(cfg, parts):
-        block_fit, root_fit = parts.fsdp2_fit(True, cfg.nproc), parts.fsdp2_fit(False, cfg.nproc)
-        return sum(block_fit.seconds(b * elem_bytes) for b in blocks) + root_fit.seconds(root * elem_bytes)
+        block, root_curve = parts.fsdp2_curve(True, cfg.nproc), parts.fsdp2_curve(False, cfg.nproc)
+        return sum(block.seconds(b * elem_bytes) for b in blocks) + root_curve.seconds(root * elem_bytes)
     ag = parts.collective("all_gather", cfg.nproc).fit
     rs = parts.collective("reduce_scatter", cfg.nproc).fit
     seconds = sum(2 * ag.seconds(b * elem_bytes) + rs.seconds(b * elem_bytes) for b in blocks)
