@@ -36,6 +36,22 @@ EXPORT_ENGINE: dict[str, str | None] = {
 
 Condition = Callable[[ModelSpec, Layout, PrecisionRecipe], bool]
 
+SHARDED_DP_MODEL: dict[str, str] = {
+    "deepspeed": "deepspeed", "megatron-lm": "fsdp2", "fsdp2": "fsdp2", "accelerate": "fsdp2",
+}
+"""The planner's model (`Layout.dp_engine`) of each engine's ZeRO-2/3 sharding: DeepSpeed's own
+ZeRO stages; torch's `fully_shard` for torchtitan, accelerate and Megatron-LM (whose ZeRO-2/3 is
+`--use-torch-fsdp2`, the rule below). `zplan sweep --engine E` and the export search keep E's
+ZeRO-2/3 rows under this model only (`sweep.engine_mask`)."""
+
+FIELDS_READ: tuple[str, ...] = (
+    "tp", "pp", "dp", "dp_shard", "ep", "cp", "cp_comm_type", "zero_stage", "offload_params",
+    "offload_optimizer", "virtual_stages", "sequence_parallel", "recompute", "tempo",
+)
+"""Every `Layout` field a rule of RULES reads (tests/test_engines.py reads the rules' code and
+checks it): the sweep evaluates the rules once per distinct combination of these fields."""
+
+
 
 @dataclass(frozen=True)
 class EngineRule:

@@ -60,19 +60,21 @@ def _format_text(fmt: Format, model: ModelSpec, cluster: Cluster, layout: Layout
 
 
 def search_constraints(fmt: Format) -> Constraints:
-    """What the best-layout search may choose so that the format can express it."""
+    """What the best-layout search may choose so that the format can express it and the engine
+    behind it can run it (`Constraints.engine`: planner/io/engines.py, its own ZeRO-2/3 model)."""
+    from planner.io.engines import EXPORT_ENGINE
     from planner.search.sweep import Constraints
 
+    engine = EXPORT_ENGINE.get(fmt)
     if fmt == "deepspeed":
         return Constraints(recompute=("none", "full"), virtual_stages=(1,), sequence_parallel=(False,),
-                           dp_engine=("deepspeed",), cp_comm_type=("a2a",))
+                           cp_comm_type=("a2a",), engine=engine)
     if fmt == "megatron":
         return Constraints(zero_stage=(0, 1), offload_optimizer=("none",), offload_params=("none",),
-                           dp_engine=("deepspeed",))
+                           engine=engine)
     if fmt == "accelerate-fsdp":
-        return Constraints(tp=(1,), pp=(1,), zero_stage=(2, 3), recompute=("none", "full"),
-                           offload_optimizer=("none",), offload_params=("none",),
-                           dp_engine=("fsdp2",), cp=(1,))
+        return Constraints(tp=(1,), pp=(1,), recompute=("none", "full"), offload_optimizer=("none",),
+                           offload_params=("none",), cp=(1,), engine=engine)
     return Constraints()
 
 
@@ -84,10 +86,3 @@ def check_export_engine(fmt: str, model: ModelSpec, layout: Layout, setup: Train
     if engine is not None:
         check_engine(engine, model, layout, setup.precision)
 
-
-def engine_runs(fmt: str, model: ModelSpec, layout: Layout, setup: TrainSetup) -> bool:
-    """True when the engine `fmt` runs can run the layout (the search keeps only those)."""
-    from planner.io.engines import EXPORT_ENGINE, refusals
-
-    engine = EXPORT_ENGINE.get(fmt)
-    return engine is None or not refusals(engine, model, layout, setup.precision)

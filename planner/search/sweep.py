@@ -111,6 +111,10 @@ class Constraints(Frozen):
     megatron_overlap: tuple[str, ...] | None = None
     """`Layout.megatron_overlap` of every candidate, as the user pins it (never searched; the
     pins it needs: `megatron_overlap.sweep_pins`)."""
+    engine: Literal["megatron-lm", "deepspeed", "fsdp2", "accelerate"] | None = None
+    """Keep only the layouts this engine can run (planner/io/engines.py; `engine_mask`), their
+    ZeRO-2/3 rows under the engine's own sharding model; None: every layout the rule table
+    allows, whichever engine runs it (`zplan sweep --engine`, the export search)."""
 
 
 def _allowed(value, pinned) -> bool:
@@ -859,6 +863,7 @@ class SweepResult(Frozen):
     evaluated: int
     """Candidate layouts enumerated and evaluated."""
     fitting: int
+    """Candidates that fit (with `Constraints.engine`: that fit and the engine runs)."""
     rejected_gpu: int
     """Candidates over GPU memory (a candidate may be counted under several resources)."""
     rejected_cpu: int
@@ -1007,6 +1012,27 @@ def offload_label(cands, j: int) -> str:
             f"{OFFLOAD_TARGETS[int(cands['offload_params'][j])]}")
 
 
+def engine_mask(model: ModelSpec, setup: TrainSetup, cands: LayoutColumns, c: Constraints,
+                rows: np.ndarray) -> np.ndarray:
+    """For the candidates `rows`: True where `c.engine` can run the layout (no rule of
+    planner.io.engines refuses it) and, for ZeRO-2/3, the row is timed with that engine's
+    sharding model (`engines.SHARDED_DP_MODEL`: DeepSpeed's ZeRO or torch's fully_shard). The
+    rules read only `engines.FIELDS_READ`, so they run once per distinct combination of those
+    columns (a few hundred `Layout`s for a sweep of a hundred thousand rows)."""
+    from planner.io.engines import FIELDS_READ, SHARDED_DP_MODEL, refusals
+
+    if c.engine is None or len(rows) == 0:
+        return np.ones(len(rows), dtype=bool)
+    _, group = group_rows(*(np.asarray(cands[name])[rows] for name in FIELDS_READ if name in cands))
+    first = representatives(group, int(group.max()) + 1)
+    runs = np.array([not refusals(c.engine, model, cands.to_layout(
+        int(rows[j]), flash_attention=c.flash_attention, buffers=c.buffers,
+        megatron_overlap=c.megatron_overlap, validate=False), setup.precision) for j in first])[group]
+    sharded = np.asarray(cands["zero_stage"])[rows] >= 2
+    own_model = np.asarray(cands["dp_engine"])[rows] == DP_ENGINES.index(SHARDED_DP_MODEL[c.engine])
+    return runs & (~sharded | own_model)
+
+
 def fit_masks(cols: dict[str, np.ndarray], cluster: Cluster) -> tuple[np.ndarray, ...]:
     """(gpu ok, cpu ok, nvme ok) per candidate."""
     return (cols["headroom_bytes"] >= 0,
@@ -1034,10 +1060,17 @@ def explain_empty(model: ModelSpec, cluster: Cluster, setup: TrainSetup, c: Cons
             f"given {', '.join(f'{k}={v}' for k, v in pins.items()) or 'no constraints'}")
 
 
-def _why_nothing_fits(cols, ok, cluster: Cluster) -> str:
-    """All candidates rejected: how many each resource rules out, and the closest miss."""
+def _why_nothing_fits(cols, ok, cluster: Cluster, engine: str | None = None) -> str:
+    """All candidates rejected: how many each resource rules out, and the closest miss; or, when
+    layouts fit but none that `engine` runs, that."""
     gpu_ok, cpu_ok, nvme_ok = ok
     total = len(gpu_ok)
+    fitting = int((gpu_ok & cpu_ok & nvme_ok).sum())
+    if engine is not None and fitting:
+        from planner.io.engines import ENGINE_NAMES
+
+        return (f"{fitting} of the {total} layouts fit, none that {ENGINE_NAMES[engine]} runs "
+                f"(docs/engines.md; drop --engine to see them)")
     closest = int(np.argmax(cols["headroom_bytes"]))
     return (f"none of the {total} layouts fits: GPU memory rules out {int((~gpu_ok).sum())}, "
             f"CPU memory {int((~cpu_ok).sum())}, NVMe {int((~nvme_ok).sum())}; the most GPU "
@@ -1069,6 +1102,9 @@ def sweep(model: ModelSpec, cluster: Cluster, setup: TrainSetup, constraints: Co
     fits = ok[0] & ok[1] & ok[2]
     shown = (least_fitting_depths(cands, fits) if c.recompute_num_layers == AUTO_DEPTH
              else np.ones(n, dtype=bool))
+    if c.engine is not None:  # the engine's layouts only, shown and counted
+        runs = engine_mask(model, setup, cands, c, np.arange(n))
+        fits, shown = fits & runs, shown & runs
     # every offload combination of a layout may be a near-identical variant (3 x 3 targets)
     ranked = rank_order(cols, np.nonzero(fits & shown)[0], sort, top * 9)
     good = collapse_variants(cands, cols, ranked, top)
@@ -1083,7 +1119,7 @@ def sweep(model: ModelSpec, cluster: Cluster, setup: TrainSetup, constraints: Co
         top=[_row(cands, cols, i, c, cluster, True, [variant_label(cands, j, i) for j in folded])
              for i, folded in good],
         rejected=[_row(cands, cols, int(i), c, cluster, False) for i in bad],
-        empty_reason="" if fits.any() else _why_nothing_fits(cols, ok, cluster),
+        empty_reason="" if fits.any() else _why_nothing_fits(cols, ok, cluster, c.engine),
         best_without_cp=without_cp, seconds=time.perf_counter() - start,
     )
 

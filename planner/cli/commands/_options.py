@@ -221,6 +221,25 @@ def sweep_dp_shard(text: str | None) -> tuple[int, ...] | None:
                                        "like 8,16")
 
 
+SweepEngineOpt = Annotated[Optional[str], typer.Option(
+    "--engine", help="Show only layouts this engine can run: megatron-lm, deepspeed, fsdp2 "
+                     "(torchtitan) or accelerate (docs/engines.md); their ZeRO-2/3 timed with its "
+                     "own sharding (DeepSpeed ZeRO; fully_shard for the others) (default: any engine).",
+    rich_help_panel=LAYOUT)]
+
+
+def sweep_engine(text: str | None) -> str | None:
+    """`--engine` of the sweep as `Constraints.engine`; else PlanInputError naming the option
+    and the engines (planner.io.engines.ENGINES)."""
+    if text is None:
+        return None
+    from planner.io.engines import ENGINES
+
+    if text.strip() in ENGINES:
+        return text.strip()
+    raise PlanInputError("--engine", f"{text!r}; allowed: {', '.join(ENGINES)}")
+
+
 DpEngineOpt = Annotated[Optional[str], typer.Option("--dp-engine", help=_DP_ENGINE, rich_help_panel=LAYOUT)]
 ZeroOpt = Annotated[Optional[int], typer.Option("--zero", min=0, max=3, help=_ZERO, rich_help_panel=LAYOUT)]
 OffloadOptimizerOpt = Annotated[Optional[str], typer.Option(

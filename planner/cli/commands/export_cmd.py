@@ -139,20 +139,16 @@ def _not_in_the_config(layout) -> None:
 
 
 def _best_layout(fmt: str, model, cluster, setup):
-    """The fastest fitting layout the format can express (planner.sweep.best_layout)."""
-    from planner.io.export import engine_runs, search_constraints
+    """The fastest fitting layout the format can express and its engine can run
+    (planner.io.export.search_constraints)."""
+    from planner.io.export import search_constraints
     from planner.search.sweep import sweep
 
-    result = sweep(model, cluster, setup, search_constraints(fmt), top=SEARCH_TOP, rejected=0)  # type: ignore[arg-type]
-    for row in result.top:  # fastest first; the first one the target engine can run
-        if engine_runs(fmt, model, row.layout, setup):
-            return row.layout
+    result = sweep(model, cluster, setup, search_constraints(fmt), top=1, rejected=0)  # type: ignore[arg-type]
+    if result.top:
+        return result.top[0].layout
     print(f"zplan: no layout of {model.name} fits {cluster.name} that {fmt} can express", file=sys.stderr)
     raise typer.Exit(EXIT_DOES_NOT_FIT)
-
-
-SEARCH_TOP = 64
-"""Fastest fitting layouts the export search looks through for one its engine can run."""
 
 
 def register(app: typer.Typer) -> None:
