@@ -34,14 +34,20 @@ The sets, reported apart:
   FSDP2-as-called part (3 x 432, 5 x 336, 2 x 784, 3 x 592, 3 x 464, 2 x 656; sequence lengths
   152, 136, 88, 184, 216, 56); evaluated once by three quiet runs on 2026-11-28 (NEW 4.9-8.9 %
   mean, 8.1-18.0 % max) and looked at, so seen now too.
-- `new_heldout_configs` (NEW): fixed and committed 2026-11-28 ~09:05 UTC, before any prediction
-  or measurement of them was run, with the predictor of 5f601de unchanged (the session's only
-  other change, `zplan sweep --engine`, touches no calibration code): model sizes used by no
-  earlier set (4 x 400, 5 x 304, 2 x 832, 3 x 528, 3 x 560, 6 x 176), sequence lengths none
-  used before (232, 208, 40, 248, 264, 280), micro-batches 1-8, every engine (single, DDP,
-  FSDP2 twice, ZeRO-1 twice). The process counts stay 1 and 2: the machine has 2 cores, a third
-  rank would share a core and time the scheduler. Their errors are the out-of-sample figure;
-  nothing in the predictor may be changed after looking at them (changes go into a new set).
+- `ninth_heldout_configs` (SEEN-9): fixed and committed 2026-11-28 ~09:00 UTC, before any
+  prediction or measurement of them was run, with the predictor of 5f601de unchanged
+  (4 x 400, 5 x 304, 2 x 832, 3 x 528, 3 x 560, 6 x 176; sequence lengths 232, 208, 40, 248,
+  264, 280); evaluated once by three quiet runs the same morning (NEW 8.6-11.7 % mean,
+  12.9-18.2 % max) and looked at, so seen now too.
+- `new_heldout_configs` (NEW): fixed and committed 2026-11-28 ~09:15 UTC, before any prediction
+  or measurement of them was run and before any change the ninth set's errors may lead to:
+  model sizes used by no earlier set (4 x 360, 6 x 280, 2 x 848, 3 x 624, 2 x 720, 6 x 208;
+  the h848 block group, 12 x 848² fp32 weights = 32.9 MiB, is the first above 32 MiB),
+  sequence lengths none used before (196, 244, 60, 140, 100, 300), micro-batches 2-7, every
+  engine (single, DDP, FSDP2 twice, ZeRO-1 twice). The process counts stay 1 and 2: the
+  machine has 2 cores, a third rank would share a core and time the scheduler. Their errors
+  are the out-of-sample figure; nothing in the predictor may be changed after looking at them
+  (changes go into a new set).
 """
 
 from __future__ import annotations
@@ -90,6 +96,12 @@ H832 = {"layers": 2, "hidden": 832, "heads": 8, "ffn": 3328, "vocab": 2048}
 H528 = {"layers": 3, "hidden": 528, "heads": 8, "ffn": 2112, "vocab": 3328}
 H560 = {"layers": 3, "hidden": 560, "heads": 8, "ffn": 2240, "vocab": 2560}
 H176 = {"layers": 6, "hidden": 176, "heads": 8, "ffn": 704, "vocab": 1792}
+H360 = {"layers": 4, "hidden": 360, "heads": 8, "ffn": 1440, "vocab": 2176}
+H280 = {"layers": 6, "hidden": 280, "heads": 8, "ffn": 1120, "vocab": 2688}
+H848 = {"layers": 2, "hidden": 848, "heads": 8, "ffn": 3392, "vocab": 1408}
+H624 = {"layers": 3, "hidden": 624, "heads": 8, "ffn": 2496, "vocab": 3200}
+H720 = {"layers": 2, "hidden": 720, "heads": 8, "ffn": 2880, "vocab": 2944}
+H208 = {"layers": 6, "hidden": 208, "heads": 8, "ffn": 832, "vocab": 1664}
 
 
 def step_configs(base: ModelSpec, nproc: int) -> list[StepConfig]:
@@ -120,11 +132,11 @@ def previous_heldout_configs(base: ModelSpec, nproc: int) -> list[StepConfig]:
 
 
 def seen_configs(base: ModelSpec, nproc: int) -> list[StepConfig]:
-    """Every configuration whose errors have been looked at: SEEN-1 to SEEN-8."""
+    """Every configuration whose errors have been looked at: SEEN-1 to SEEN-9."""
     return (step_configs(base, nproc) + previous_heldout_configs(base, nproc) + third_heldout_configs(base, nproc)
             + fourth_heldout_configs(base, nproc) + fifth_heldout_configs(base, nproc)
             + sixth_heldout_configs(base, nproc) + seventh_heldout_configs(base, nproc)
-            + eighth_heldout_configs(base, nproc))
+            + eighth_heldout_configs(base, nproc) + ninth_heldout_configs(base, nproc))
 
 
 def third_heldout_configs(base: ModelSpec, nproc: int) -> list[StepConfig]:
@@ -240,8 +252,8 @@ def eighth_heldout_configs(base: ModelSpec, nproc: int) -> list[StepConfig]:
     ]
 
 
-def new_heldout_configs(base: ModelSpec, nproc: int) -> list[StepConfig]:
-    """NEW (out-of-sample): six configurations none of which had been run when they were committed."""
+def ninth_heldout_configs(base: ModelSpec, nproc: int) -> list[StepConfig]:
+    """SEEN-9: the held-out six committed 2026-11-28 ~09:00 UTC (evaluated the same morning, so seen now)."""
     h400 = scaled_model(base, **H400, kv_heads=None)
     h304 = scaled_model(base, **H304, kv_heads=None)
     h832 = scaled_model(base, **H832, kv_heads=None)
@@ -258,5 +270,27 @@ def new_heldout_configs(base: ModelSpec, nproc: int) -> list[StepConfig]:
         StepConfig(name=f"h560 s264 b1 ZeRO-1 x{two}", model=h560, seq_len=264, micro_batch=1, strategy="zero1",
                    nproc=two),
         StepConfig(name=f"h176 s280 b8 ZeRO-1 x{two}", model=h176, seq_len=280, micro_batch=8, strategy="zero1",
+                   nproc=two),
+    ]
+
+
+def new_heldout_configs(base: ModelSpec, nproc: int) -> list[StepConfig]:
+    """NEW (out-of-sample): six configurations none of which had been run when they were committed."""
+    h360 = scaled_model(base, **H360, kv_heads=None)
+    h280 = scaled_model(base, **H280, kv_heads=None)
+    h848 = scaled_model(base, **H848, kv_heads=None)
+    h624 = scaled_model(base, **H624, kv_heads=None)
+    h720 = scaled_model(base, **H720, kv_heads=None)
+    h208 = scaled_model(base, **H208, kv_heads=None)
+    two = min(nproc, 2)
+    return [
+        StepConfig(name="h360 s196 b2 x1", model=h360, seq_len=196, micro_batch=2, strategy="single", nproc=1),
+        StepConfig(name=f"h280 s244 b3 DDP x{two}", model=h280, seq_len=244, micro_batch=3, strategy="ddp", nproc=two),
+        StepConfig(name=f"h848 s60 b2 FSDP2 x{two}", model=h848, seq_len=60, micro_batch=2, strategy="fsdp2", nproc=two),
+        StepConfig(name=f"h624 s140 b2 FSDP2 x{two}", model=h624, seq_len=140, micro_batch=2, strategy="fsdp2",
+                   nproc=two),
+        StepConfig(name=f"h720 s100 b3 ZeRO-1 x{two}", model=h720, seq_len=100, micro_batch=3, strategy="zero1",
+                   nproc=two),
+        StepConfig(name=f"h208 s300 b7 ZeRO-1 x{two}", model=h208, seq_len=300, micro_batch=7, strategy="zero1",
                    nproc=two),
     ]
