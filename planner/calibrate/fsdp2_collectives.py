@@ -40,10 +40,16 @@ from planner.calibrate.fits import AlphaBeta, fit_alpha_beta, interp_linear
 from planner.core.spec import Frozen
 
 GROUPS = 4
-WIDTHS = (128, 256, 512, 1024, 1536, 2048, 3072)
-"""Group parameter bytes 64 KiB .. 36 MiB: the held-apart models' block groups are 0.4-31 MiB
-(12·h² x 4 bytes: h800 30.7 MB), so every predicted group lies inside the measured range (until
-2026-11-24 the range ended at 9 MiB and groups up to 26 MB were extrapolated)."""
+WIDTHS = (128, 256, 512, 1024, 1536, 2048, 2560, 2880, 2944, 3072)
+"""Group parameter bytes 64 KiB .. 36 MiB: the held-apart models' block groups are 0.4-33 MiB
+(12·h² x 4 bytes: h848 32.9 MiB), so every predicted group lies inside the measured range (until
+2026-11-24 the range ended at 9 MiB and groups up to 26 MB were extrapolated). Points on both
+sides of 32 MiB (2880: 31.6 MiB, 2944: 33.1 MiB): the per-group cost jumps there (block schedule,
+2026-11-28 on this host: 31.6 MiB 104 ms, 33.1 MiB 150-163 ms, twice each; 3.1-3.3 ms/MiB below,
+4.5-5.3 above), where both glibc's largest mmap threshold (DEFAULT_MMAP_THRESHOLD_MAX, 32 MiB on
+64-bit: larger buffers are mapped and unmapped on every allocation, so re-faulted) and this
+host's 32 MiB last-level cache lie; a group read between 16 and 36 MiB straddled the jump (the
+ninth held-out set's h832 FSDP2 row, 31.7 MiB groups, +12 to +18 %)."""
 
 
 class Fsdp2CollectiveFit(Frozen):
