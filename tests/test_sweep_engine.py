@@ -112,3 +112,33 @@ def test_nothing_the_engine_runs_fits_says_so():
     result = sweep.sweep(MODEL, CLUSTER, SETUP, c.model_copy(update={"engine": "deepspeed"}))
     assert result.top == [] and result.fitting == 0
     assert "none that DeepSpeed (HF model, AutoTP) runs" in result.empty_reason
+
+
+FIT = ["fit", "--model", "gpt3-1.3b", "--gpu", "a100-80gb", "--gpus", "16", "--global-batch", "32"]
+
+
+@pytest.mark.parametrize("engine", ("megatron-lm", "deepspeed", "fsdp2"))
+def test_fit_search_with_engine_is_the_engine_sweeps_first_row(engine):
+    out = CliRunner().invoke(app, FIT + ["--engine", engine, "--json"])
+    assert out.exit_code == 0, out.output
+    layout = Layout.model_validate(json.loads(out.stdout)["layout"])
+    best = sweep.sweep(MODEL, CLUSTER, SETUP, sweep.Constraints(engine=engine), top=1).top[0].layout
+    assert layout == best
+    assert not refusals(engine, MODEL, layout, SETUP.precision)
+
+
+def test_fit_with_a_layout_and_engine():
+    runner = CliRunner()
+    # DeepSpeed 0.19.8 pipe/engine.py: no ZeRO-2/3 with pp > 1 -> one line naming --engine, exit 2
+    bad = runner.invoke(app, FIT + ["--pp", "2", "--dp", "8", "--zero", "3", "--engine", "deepspeed"])
+    assert bad.exit_code == 2 and "Traceback" not in bad.output
+    lines = [line for line in bad.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("zplan: error: --engine:")
+    assert "ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism" in lines[0]
+    # ZeRO-3 with --engine fsdp2 and no --dp-engine: timed as FSDP2's fully_shard
+    ok = runner.invoke(app, FIT + ["--dp", "16", "--zero", "3", "--engine", "fsdp2", "--json"])
+    assert ok.exit_code == 0, ok.output
+    assert json.loads(ok.stdout)["layout"]["dp_engine"] == "fsdp2"
+    # ... and refused when the user pins the other sharding model
+    clash = runner.invoke(app, FIT + ["--dp", "16", "--zero", "3", "--engine", "fsdp2", "--dp-engine", "deepspeed"])
+    assert clash.exit_code == 2 and "pass --dp-engine fsdp2" in clash.output

@@ -190,11 +190,18 @@ def supported_engines(model: ModelSpec, layout: Layout, precision: PrecisionReci
     return [engine for engine in ENGINES if not refusals(engine, model, layout, precision)]
 
 
-def check_engine(engine: str, model: ModelSpec, layout: Layout, precision: PrecisionRecipe) -> None:
-    """Raise a one-line PlanInputError naming the engine and the first reason it cannot run the
-    layout (with its source)."""
+def check_engine(engine: str, model: ModelSpec, layout: Layout, precision: PrecisionRecipe,
+                 field: str = "--format", timed: bool = False) -> None:
+    """Raise a one-line PlanInputError naming `field`, the engine and the first reason it cannot
+    run the layout (with its source). `timed`: also when the layout's ZeRO-2/3 is timed with
+    another sharding model than the engine's (`SHARDED_DP_MODEL`; `zplan fit --engine`)."""
     broken = refusals(engine, model, layout, precision)
     if broken:
         rule = broken[0]
-        raise PlanInputError("--format", f"{ENGINE_NAMES[engine]} cannot run this layout: {rule.why} "
-                                         f"({rule.source})")
+        raise PlanInputError(field, f"{ENGINE_NAMES[engine]} cannot run this layout: {rule.why} "
+                                    f"({rule.source})")
+    sharding = SHARDED_DP_MODEL[engine]
+    if timed and layout.zero_stage >= 2 and layout.dp_engine != sharding:
+        raise PlanInputError(field, f"{ENGINE_NAMES[engine]} shards ZeRO-{layout.zero_stage} as "
+                                    f"dp_engine={sharding}, this layout is timed as dp_engine="
+                                    f"{layout.dp_engine} (pass --dp-engine {sharding})")

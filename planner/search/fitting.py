@@ -73,15 +73,17 @@ def fit_layout(
 
 
 def fit_search(
-    model: ModelSpec, cluster: Cluster, setup: TrainSetup, efficiency: float | None
+    model: ModelSpec, cluster: Cluster, setup: TrainSetup, efficiency: float | None,
+    engine: str | None = None,
 ) -> FitResult:
-    """The fastest layout that fits (the sweep's ranking) and every strategy's minimum GPUs."""
+    """The fastest layout that fits (the sweep's ranking; with `engine`, the fastest that engine
+    runs: `Constraints.engine`) and every strategy's minimum GPUs."""
     from planner.search import heap
-    from planner.search.sweep import best_layout
+    from planner.search.sweep import Constraints, best_layout
 
     heap.retain_freed_memory()  # as sweep(): the strategy minimums' columns reuse freed heap too
     strategies = strategy_minimums(model, cluster, setup)
-    best = best_layout(model, cluster, setup, efficiency=efficiency)
+    best = best_layout(model, cluster, setup, Constraints(engine=engine), efficiency=efficiency)
     total = params.count_params(model).total
     if best is None:
         return FitResult(

@@ -221,15 +221,16 @@ def sweep_dp_shard(text: str | None) -> tuple[int, ...] | None:
                                        "like 8,16")
 
 
-SweepEngineOpt = Annotated[Optional[str], typer.Option(
-    "--engine", help="Show only layouts this engine can run: megatron-lm, deepspeed, fsdp2 "
-                     "(torchtitan) or accelerate (docs/engines.md); their ZeRO-2/3 timed with its "
-                     "own sharding (DeepSpeed ZeRO; fully_shard for the others) (default: any engine).",
+EngineOpt = Annotated[Optional[str], typer.Option(
+    "--engine", help="Only layouts this engine runs: megatron-lm, deepspeed, fsdp2 (torchtitan) or "
+                     "accelerate (docs/engines.md), their ZeRO-2/3 timed with its own sharding "
+                     "(DeepSpeed ZeRO; fully_shard for the others). sweep: the rows shown; fit: "
+                     "the layout searched, or the given layout checked (default: any engine).",
     rich_help_panel=LAYOUT)]
 
 
-def sweep_engine(text: str | None) -> str | None:
-    """`--engine` of the sweep as `Constraints.engine`; else PlanInputError naming the option
+def engine_choice(text: str | None) -> str | None:
+    """`--engine` (sweep, fit) as `Constraints.engine`; else PlanInputError naming the option
     and the engines (planner.io.engines.ENGINES)."""
     if text is None:
         return None

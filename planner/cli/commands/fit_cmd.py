@@ -29,6 +29,7 @@ def fit(
     first_stage_layers: opt.FirstStageLayersOpt = None,
     dp_engine: opt.DpEngineOpt = None,
     dp_shard: opt.DpShardOpt = None,
+    engine: opt.EngineOpt = None,
     last_stage_layers: opt.LastStageLayersOpt = None,
     zero: opt.ZeroOpt = None,
     offload_optimizer: opt.OffloadOptimizerOpt = None,
@@ -62,8 +63,9 @@ def fit(
 ) -> int:
     """Does MODEL fit on CLUSTER? Per-stage GPU memory, CPU/NVMe per node, and the verdict.
 
-    With layout options: the breakdown of that layout. Without: the best layout found and the
-    minimum GPUs of every strategy (DDP, ZeRO-1/2/3, offload, TP x PP x DP).
+    With layout options: the breakdown of that layout. Without: the best layout found (with
+    --engine: the best that engine runs) and the minimum GPUs of every strategy (DDP, ZeRO-1/2/3,
+    offload, TP x PP x DP).
     Exit 0 fits, 1 does not fit, 2 bad input.
     """
     from planner.search import fitting
@@ -80,6 +82,7 @@ def fit(
     tokens = tokens if tokens is not None else opt.DEFAULT_TOKENS
     precision = precision or opt.DEFAULT_PRECISION
     optimizer = optimizer or opt.DEFAULT_OPTIMIZER
+    engine_name = opt.engine_choice(engine)
     if efficiency is None:  # --efficiency overrides the calibration file, as on sweep
         efficiency = fitting.calibrated_efficiency(calibration, hardware, precision)
     layout_fields = dict(
@@ -91,16 +94,24 @@ def fit(
         sequence_parallel=sequence_parallel, flash_attention=flash_attention,
         tempo=opt.tempo_techniques(tempo) or None, megatron_overlap=opt.megatron_overlaps(megatron_overlap), micro_batch=micro_batch, grad_accum=grad_accum,
     )
+    if engine_name is not None and dp_engine is None and (zero or 0) >= 2:
+        from planner.io.engines import SHARDED_DP_MODEL  # ZeRO-2/3 timed as the engine shards
+
+        layout_fields["dp_engine"] = SHARDED_DP_MODEL[engine_name]
     if any(value is not None for value in layout_fields.values()):
         layout, batch = opt.layout_from_flags(hardware, global_batch, **layout_fields)
         setup = make_setup(length, batch, tokens, precision, optimizer, reserve, implementation,
                            host_accounting, moe_capacity_factor, moe_load_imbalance)
+        if engine_name is not None:
+            from planner.io.engines import check_engine
+
+            check_engine(engine_name, spec, layout, setup.precision, field="--engine", timed=True)
         result = fitting.fit_layout(spec, hardware, layout, setup, efficiency)
     else:
         batch = global_batch if global_batch is not None else opt.default_global_batch(hardware.num_gpus)
         setup = make_setup(length, batch, tokens, precision, optimizer, reserve, implementation,
                            host_accounting, moe_capacity_factor, moe_load_imbalance)
-        result = fitting.fit_search(spec, hardware, setup, efficiency)
+        result = fitting.fit_search(spec, hardware, setup, efficiency, engine_name)
     if json_out:
         render.emit(result)
     else:

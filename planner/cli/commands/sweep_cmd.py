@@ -115,7 +115,7 @@ def register(app: typer.Typer) -> None:
         recompute_num_layers: opt.SweepRecomputeNumLayersOpt = None,
         dp_engine: opt.DpEnginePinsOpt = None,
         dp_shard: opt.SweepDpShardOpt = None,
-        engine: opt.SweepEngineOpt = None,
+        engine: opt.EngineOpt = None,
         offload_optimizer: opt.OffloadOptimizerPinsOpt = None,
         offload_params: opt.OffloadParamsPinsOpt = None,
         no_offload: Annotated[bool, typer.Option("--no-offload", help="Keep everything on the GPUs.")] = False,
@@ -198,7 +198,7 @@ def register(app: typer.Typer) -> None:
             max_tp=max_tp, max_pp=max_pp, max_virtual_stages=max_virtual_stages,
             allow_cross_node_tp=allow_cross_node_tp, flash_attention=flash_attention is not False,
             buffers=buffers, megatron_overlap=overlap, dp_shard=opt.sweep_dp_shard(dp_shard),
-            engine=opt.sweep_engine(engine),
+            engine=opt.engine_choice(engine),
         )
         opt.check_recompute_num_layers("block" if "block" in (constraints.recompute or ()) else recompute, depth)
         if any(z not in (0, 1, 2, 3) for z in constraints.zero_stage or ()):
