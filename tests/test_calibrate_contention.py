@@ -27,6 +27,19 @@ def test_slowdown_is_the_mean_of_the_ranks_ratios() -> None:
     assert point.slowdown == pytest.approx(1.25, rel=1e-12)
 
 
+def test_repeated_measurements_keep_the_median_slowdown() -> None:
+    # slowdowns by hand: (1.9 + 1.8) / 2 = 1.85; (1.0 + 0.98) / 2 = 0.99; (1.7 + 1.6) / 2 = 1.65
+    from planner.calibrate.contention import median_point
+
+    def measured(r0: float, r1: float) -> ContentionPoint:
+        return ContentionPoint(kind="memory", ranks=2, with_collective=False, probe="t",
+                               bytes_moved=2**25, alone_s=(1e-3, 1e-3), together_s=(r0 * 1e-3, r1 * 1e-3))
+
+    kept = median_point([measured(1.9, 1.8), measured(1.0, 0.98), measured(1.7, 1.6)])
+    assert kept.slowdown == pytest.approx(1.65, rel=1e-12)
+    assert median_point([measured(1.0, 0.98), measured(1.9, 1.8)]).slowdown == pytest.approx(0.99, rel=1e-12)
+
+
 def test_parts_slowdown_interpolates_memory_in_log_bytes() -> None:
     parts = _parts().model_copy(update={"contention": (
         _point("memory", 1.0, bytes_moved=1e6), _point("memory", 2.0, bytes_moved=1e8),
