@@ -142,3 +142,15 @@ def test_fit_with_a_layout_and_engine():
     # ... and refused when the user pins the other sharding model
     clash = runner.invoke(app, FIT + ["--dp", "16", "--zero", "3", "--engine", "fsdp2", "--dp-engine", "deepspeed"])
     assert clash.exit_code == 2 and "pass --dp-engine fsdp2" in clash.output
+
+
+def test_ranked_rows_name_the_engines_that_run_them():
+    # ZeRO-3 with pp = 2: DeepSpeed's pipe engine asserts ZeRO < 2, Megatron-LM's FSDP2 path
+    # refuses pp (arguments.py), accelerate has no pp; torchtitan runs PP + FSDP2
+    c = sweep.Constraints(pp=(2,), zero_stage=(3,))
+    rows = sweep.sweep(MODEL, CLUSTER, SETUP, c, top=3).top
+    assert rows and all(row.engines == ["fsdp2"] for row in rows)
+    out = CliRunner().invoke(app, ["sweep", "--model", "gpt3-1.3b", "--gpu", "a100-80gb", "--gpus", "16",
+                                   "--global-batch", "32", "--pp", "2", "--zero", "3", "--top", "3"])
+    assert out.exit_code == 0
+    assert "engines that can run #1: fsdp2 (--engine E shows only what E runs)" in out.stdout

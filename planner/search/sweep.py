@@ -847,6 +847,10 @@ class SweepRow(Frozen):
     fits: bool
     reason: str = ""
     """For a rejected layout: every resource it overflows and by how much."""
+    engines: list[str] = []
+    """For a ranked (fitting) row: the engines that can run its layout, as `zplan fit` lists them
+    (planner/io/engines.py `supported_engines`; the step time is the one of the row's own
+    `dp_engine` sharding model); empty for a rejected row."""
     variants: list[str] = []
     """Near-identical layouts folded into this row (`collapse_variants`): the same layout with
     another offload placement or HSDP shard group whose step time is within SAME_STEP_REL, as
@@ -998,6 +1002,13 @@ def _row(cands, cols, i: int, c: Constraints, cluster: Cluster, fits: bool,
     )
 
 
+def with_engines(row: SweepRow, model: ModelSpec, setup: TrainSetup) -> SweepRow:
+    """The row with `engines` filled (planner.io.engines.supported_engines)."""
+    from planner.io.engines import supported_engines
+
+    return row.model_copy(update={"engines": supported_engines(model, row.layout, setup.precision)})
+
+
 def variant_label(cands, j: int, head: int) -> str:
     """What folded variant j changes against its ranked row `head`: `dp_shard=N` (the HSDP
     shard group; N = dp for the whole group) or the offload targets (`offload_label`)."""
@@ -1116,8 +1127,8 @@ def sweep(model: ModelSpec, cluster: Cluster, setup: TrainSetup, constraints: Co
     return SweepResult(
         **base, fitting=int(fits.sum()), rejected_gpu=int((~ok[0]).sum()),
         rejected_cpu=int((~ok[1]).sum()), rejected_nvme=int((~ok[2]).sum()),
-        top=[_row(cands, cols, i, c, cluster, True, [variant_label(cands, j, i) for j in folded])
-             for i, folded in good],
+        top=[with_engines(_row(cands, cols, i, c, cluster, True, [variant_label(cands, j, i) for j in folded]),
+                          model, setup) for i, folded in good],
         rejected=[_row(cands, cols, int(i), c, cluster, False) for i in bad],
         empty_reason="" if fits.any() else _why_nothing_fits(cols, ok, cluster, c.engine),
         best_without_cp=without_cp, seconds=time.perf_counter() - start,

@@ -98,6 +98,13 @@ def variant_notes(result: SweepResult) -> list[str]:
     return lines
 
 
+def engine_note(result: SweepResult) -> list[str]:
+    """Which engines can run the first row (as `zplan fit` prints it), and how to keep one."""
+    engines = result.top[0].engines
+    return [f"engines that can run #1: {', '.join(engines) or 'none'}"
+            + ("" if len(engines) == 4 else " (--engine E shows only what E runs)")]
+
+
 def breakdown_table(row: SweepRow) -> Table:
     """Where the best layout's step time goes."""
     est = row.estimate
@@ -150,7 +157,7 @@ def render(console: Console, results: list[SweepResult]) -> None:
     for result in results:
         if result.top:
             console.print(ranked_table(result))
-            for line in variant_notes(result) + cp_note(result):
+            for line in variant_notes(result) + engine_note(result) + cp_note(result):
                 console.print(line, soft_wrap=True, highlight=False)
             console.print(breakdown_table(result.top[0]))
         else:
@@ -176,6 +183,7 @@ def flat_row(result: SweepResult, row: SweepRow) -> dict[str, Any]:
     out: dict[str, Any] = {"num_gpus": result.num_gpus, "fits": row.fits}
     out |= {k: v for k, v in row.layout.model_dump().items() if k != "tempo"}
     out["variants"] = ";".join(row.variants)
+    out["engines"] = ";".join(row.engines)
     out |= row.estimate.model_dump()
     out |= {k: getattr(row, k) for k in ("gpu_peak_bytes", "peak_stage", "headroom_bytes",
                                          "node_cpu_bytes", "node_nvme_bytes", "reason")}
