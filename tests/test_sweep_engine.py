@@ -45,6 +45,8 @@ def test_fields_read_lists_every_layout_attribute_a_rule_reads():
         read = _names_read(rule.refuses.__code__, set()) & layout_attrs
         assert read <= set(FIELDS_READ), (rule.engine, rule.why, read - set(FIELDS_READ))
     assert set(FIELDS_READ) <= set(Layout.model_fields)
+    # the sharding-model check the sweep groups on too
+    assert _names_read(engines.timed_as.__code__, set()) & layout_attrs == {"zero_stage", "dp_engine"}
 
 
 def _oracle(engine: str, constraints: sweep.Constraints) -> tuple[int, float]:

@@ -48,9 +48,9 @@ FIELDS_READ: tuple[str, ...] = (
     "tp", "pp", "dp", "dp_shard", "ep", "cp", "cp_comm_type", "zero_stage", "offload_params",
     "offload_optimizer", "virtual_stages", "sequence_parallel", "recompute", "tempo",
 )
-"""Every `Layout` field a rule of RULES reads (tests/test_engines.py reads the rules' code and
-checks it): the sweep evaluates the rules once per distinct combination of these fields."""
-
+"""Every `Layout` field a rule of RULES reads (tests/test_sweep_engine.py reads the rules' code
+and checks it): the sweep evaluates the rules once per distinct combination of these fields and
+`dp_engine` (`timed_as`)."""
 
 
 @dataclass(frozen=True)
@@ -190,6 +190,12 @@ def supported_engines(model: ModelSpec, layout: Layout, precision: PrecisionReci
     return [engine for engine in ENGINES if not refusals(engine, model, layout, precision)]
 
 
+def timed_as(engine: str, layout: Layout) -> bool:
+    """True when the layout is timed with `engine`'s own sharding model: ZeRO-0/1, or ZeRO-2/3
+    with `dp_engine` = SHARDED_DP_MODEL[engine]."""
+    return layout.zero_stage < 2 or layout.dp_engine == SHARDED_DP_MODEL[engine]
+
+
 def check_engine(engine: str, model: ModelSpec, layout: Layout, precision: PrecisionRecipe,
                  field: str = "--format", timed: bool = False) -> None:
     """Raise a one-line PlanInputError naming `field`, the engine and the first reason it cannot
@@ -201,7 +207,7 @@ def check_engine(engine: str, model: ModelSpec, layout: Layout, precision: Preci
         raise PlanInputError(field, f"{ENGINE_NAMES[engine]} cannot run this layout: {rule.why} "
                                     f"({rule.source})")
     sharding = SHARDED_DP_MODEL[engine]
-    if timed and layout.zero_stage >= 2 and layout.dp_engine != sharding:
+    if timed and not timed_as(engine, layout):
         raise PlanInputError(field, f"{ENGINE_NAMES[engine]} shards ZeRO-{layout.zero_stage} as "
                                     f"dp_engine={sharding}, this layout is timed as dp_engine="
                                     f"{layout.dp_engine} (pass --dp-engine {sharding})")

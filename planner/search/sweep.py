@@ -1023,25 +1023,20 @@ def offload_label(cands, j: int) -> str:
             f"{OFFLOAD_TARGETS[int(cands['offload_params'][j])]}")
 
 
-def engine_mask(model: ModelSpec, setup: TrainSetup, cands: LayoutColumns, c: Constraints,
-                rows: np.ndarray) -> np.ndarray:
-    """For the candidates `rows`: True where `c.engine` can run the layout (no rule of
-    planner.io.engines refuses it) and, for ZeRO-2/3, the row is timed with that engine's
-    sharding model (`engines.SHARDED_DP_MODEL`: DeepSpeed's ZeRO or torch's fully_shard). The
-    rules read only `engines.FIELDS_READ`, so they run once per distinct combination of those
-    columns (a few hundred `Layout`s for a sweep of a hundred thousand rows)."""
-    from planner.io.engines import FIELDS_READ, SHARDED_DP_MODEL, refusals
+def engine_mask(model: ModelSpec, setup: TrainSetup, cands: LayoutColumns, c: Constraints) -> np.ndarray:
+    """Per candidate: True where `c.engine` can run the layout (no rule of planner.io.engines
+    refuses it) and the layout is timed with that engine's sharding model (`engines.timed_as`).
+    Those read only `engines.FIELDS_READ` and `dp_engine`, so they run once per distinct
+    combination of these columns (5,978 `Layout`s for the 157,630 rows of docs/sweep.md's
+    Llama 3 405B example), each built without validation (the rule table passed it already)."""
+    from planner.io.engines import FIELDS_READ, refusals, timed_as
 
-    if c.engine is None or len(rows) == 0:
-        return np.ones(len(rows), dtype=bool)
-    _, group = group_rows(*(np.asarray(cands[name])[rows] for name in FIELDS_READ if name in cands))
+    _, group = group_rows(*(cands[name] for name in (*FIELDS_READ, "dp_engine") if name in cands))
     first = representatives(group, int(group.max()) + 1)
-    runs = np.array([not refusals(c.engine, model, cands.to_layout(
-        int(rows[j]), flash_attention=c.flash_attention, buffers=c.buffers,
-        megatron_overlap=c.megatron_overlap, validate=False), setup.precision) for j in first])[group]
-    sharded = np.asarray(cands["zero_stage"])[rows] >= 2
-    own_model = np.asarray(cands["dp_engine"])[rows] == DP_ENGINES.index(SHARDED_DP_MODEL[c.engine])
-    return runs & (~sharded | own_model)
+    layouts = (cands.to_layout(int(i), flash_attention=c.flash_attention, buffers=c.buffers,
+                               megatron_overlap=c.megatron_overlap, validate=False) for i in first)
+    return np.array([timed_as(c.engine, layout) and not refusals(c.engine, model, layout, setup.precision)
+                     for layout in layouts])[group]
 
 
 def fit_masks(cols: dict[str, np.ndarray], cluster: Cluster) -> tuple[np.ndarray, ...]:
@@ -1114,7 +1109,7 @@ def sweep(model: ModelSpec, cluster: Cluster, setup: TrainSetup, constraints: Co
     shown = (least_fitting_depths(cands, fits) if c.recompute_num_layers == AUTO_DEPTH
              else np.ones(n, dtype=bool))
     if c.engine is not None:  # the engine's layouts only, shown and counted
-        runs = engine_mask(model, setup, cands, c, np.arange(n))
+        runs = engine_mask(model, setup, cands, c)
         fits, shown = fits & runs, shown & runs
     # every offload combination of a layout may be a near-identical variant (3 x 3 targets)
     ranked = rank_order(cols, np.nonzero(fits & shown)[0], sort, top * 9)
