@@ -44,10 +44,15 @@ The sets, reported apart (each a table of rows; `configs` builds them):
   (4 x 360, 6 x 280, 2 x 848, 3 x 624, 2 x 720, 6 x 208; sequence lengths 196, 244, 60, 140,
   100, 300); evaluated once by three quiet runs (NEW 9.0-11.5 % mean, 12.9-17.1 % max) and
   looked at, so seen now too.
-- `NEW`: fixed and committed 2026-11-28 ~10:00 UTC, before any prediction
-  or measurement of them was run and before any change the tenth set's errors may lead to:
-  model sizes used by no earlier set (3 x 440, 5 x 312, 2 x 816, 3 x 600, 2 x 680, 6 x 184),
-  sequence lengths none used before (212, 260, 52, 156, 108, 292), micro-batches 2-8, every
+- `SEEN_11`: fixed and committed 2026-11-28 ~10:00 UTC, before any
+  prediction or measurement of them was run and before that morning's change to the
+  memory-contention probe (3 x 440, 5 x 312, 2 x 816, 3 x 600, 2 x 680, 6 x 184; sequence
+  lengths 212, 260, 52, 156, 108, 292); evaluated once by three quiet runs (NEW 9.9-12.5 %
+  mean, 14.0-21.4 % max) and looked at, so seen now too.
+- `NEW`: fixed and committed 2026-11-28 ~11:00 UTC, before any prediction
+  or measurement of them was run and before any change the eleventh set's errors may lead to:
+  model widths used by no earlier set (4 x 376, 5 x 344, 2 x 872, 3 x 616, 2 x 696, 6 x 216),
+  sequence lengths none used before (228, 188, 68, 164, 124, 284), micro-batches 2-8, every
   engine (single, DDP, FSDP2 twice, ZeRO-1 twice). The process counts stay 1 and 2: the
   machine has 2 cores, a third rank would share a core and time the scheduler. Their errors
   are the out-of-sample figure; nothing in the predictor may be changed after looking at them
@@ -112,6 +117,12 @@ H816 = {"layers": 2, "hidden": 816, "heads": 8, "ffn": 3264, "vocab": 1472}
 H600 = {"layers": 3, "hidden": 600, "heads": 8, "ffn": 2400, "vocab": 2240}
 H680 = {"layers": 2, "hidden": 680, "heads": 8, "ffn": 2720, "vocab": 3008}
 H184 = {"layers": 6, "hidden": 184, "heads": 8, "ffn": 736, "vocab": 1600}
+H376 = {"layers": 4, "hidden": 376, "heads": 8, "ffn": 1504, "vocab": 2368}
+H344 = {"layers": 5, "hidden": 344, "heads": 8, "ffn": 1376, "vocab": 2752}
+H872 = {"layers": 2, "hidden": 872, "heads": 8, "ffn": 3488, "vocab": 1344}
+H616 = {"layers": 3, "hidden": 616, "heads": 8, "ffn": 2464, "vocab": 2496}
+H696 = {"layers": 2, "hidden": 696, "heads": 8, "ffn": 2784, "vocab": 3072}
+H216 = {"layers": 6, "hidden": 216, "heads": 8, "ffn": 864, "vocab": 1728}
 
 
 Row = tuple[str, dict[str, int], int, int, Strategy]
@@ -210,7 +221,7 @@ SEEN_10: tuple[Row, ...] = (
 )
 """SEEN-10: the held-out six committed 2026-11-28 ~09:15 UTC (evaluated the same morning, so seen now)."""
 
-NEW: tuple[Row, ...] = (
+SEEN_11: tuple[Row, ...] = (
     ("h440 s212 b2", H440, 212, 2, "single"),
     ("h312 s260 b3 DDP", H312, 260, 3, "ddp"),
     ("h816 s52 b3 FSDP2", H816, 52, 3, "fsdp2"),
@@ -218,10 +229,20 @@ NEW: tuple[Row, ...] = (
     ("h680 s108 b3 ZeRO-1", H680, 108, 3, "zero1"),
     ("h184 s292 b8 ZeRO-1", H184, 292, 8, "zero1"),
 )
+"""SEEN-11: the held-out six committed 2026-11-28 ~10:00 UTC (evaluated the same morning, so seen now)."""
+
+NEW: tuple[Row, ...] = (
+    ("h376 s228 b2", H376, 228, 2, "single"),
+    ("h344 s188 b3 DDP", H344, 188, 3, "ddp"),
+    ("h872 s68 b2 FSDP2", H872, 68, 2, "fsdp2"),
+    ("h616 s164 b2 FSDP2", H616, 164, 2, "fsdp2"),
+    ("h696 s124 b3 ZeRO-1", H696, 124, 3, "zero1"),
+    ("h216 s284 b8 ZeRO-1", H216, 284, 8, "zero1"),
+)
 """NEW (out-of-sample): six configurations none of which had been run when they were committed."""
 
 SEEN: tuple[tuple[Row, ...], ...] = (SEEN_1, SEEN_2, SEEN_3, SEEN_4, SEEN_5, SEEN_6, SEEN_7, SEEN_8,
-                                      SEEN_9, SEEN_10)
+                                      SEEN_9, SEEN_10, SEEN_11)
 """Every set whose errors have been looked at, in the order they were committed."""
 
 
@@ -244,7 +265,7 @@ def step_configs(base: ModelSpec, nproc: int) -> list[StepConfig]:
 
 
 def seen_configs(base: ModelSpec, nproc: int) -> list[StepConfig]:
-    """Every configuration whose errors have been looked at: SEEN-1 to SEEN-10."""
+    """Every configuration whose errors have been looked at: SEEN-1 to SEEN-11."""
     return [config for rows in SEEN for config in configs(rows, base, nproc)]
 
 
