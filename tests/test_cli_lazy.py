@@ -5,7 +5,9 @@ imported (checked on `sys.modules` after the run: a module list, not a clock).""
 
 from __future__ import annotations
 
+import ast
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -60,3 +62,41 @@ def test_a_command_imports_only_what_it_needs(argv, absent):
     status, modules = _modules_after(argv)
     assert status in (0, 1)
     assert not modules & absent, modules & absent
+
+
+def _blas_after(argv: list[str], env: dict[str, str]) -> tuple[str | None, int]:
+    """OPENBLAS_NUM_THREADS and the process's thread count (Linux /proc) after `zplan ARGV`."""
+    code = ("import os, sys\n"
+            "from planner.cli.app import main\n"
+            "try:\n"
+            f"    main({argv!r})\n"
+            "except SystemExit:\n"
+            "    pass\n"
+            "threads = [l for l in open('/proc/self/status') if l.startswith('Threads:')][0].split()[1]\n"
+            "sys.__stderr__.write(repr((os.environ.get('OPENBLAS_NUM_THREADS'), int(threads))))\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                          cwd=PACKAGE_PARENT, env={"PATH": "", "COLUMNS": "100",
+                                                   "PYTHONPATH": str(PACKAGE_PARENT), **env})
+    return ast.literal_eval(proc.stderr.strip().splitlines()[-1])
+
+
+@pytest.mark.cli
+@pytest.mark.skipif(not Path("/proc/self/status").exists() or (len(os.sched_getaffinity(0)) < 2),
+                    reason="needs Linux /proc and at least two cores (OpenBLAS starts no worker on one)")
+def test_numpy_commands_start_no_blas_worker_threads():
+    """OpenBLAS starts a worker per core when numpy loads (they spin while the command imports);
+    the planner calls no BLAS routine, so `check` asks for one thread: the process then has one
+    thread. A user's own setting wins (with 2 threads OpenBLAS starts its worker: 2 threads)."""
+    assert _blas_after(["check", str(JOB)], {}) == ("1", 1)
+    assert _blas_after(["check", str(JOB)], {"OPENBLAS_NUM_THREADS": "2"}) == ("2", 2)
+
+
+def test_calibrate_keeps_the_blas_thread_count(monkeypatch):
+    """`calibrate` runs torch, whose CPU GEMMs may go through OpenBLAS: no thread count is set."""
+    from planner.cli.app import one_blas_thread
+
+    monkeypatch.delenv("OPENBLAS_NUM_THREADS", raising=False)
+    one_blas_thread(["--debug", "calibrate", "hardware", "--nproc", "2"])
+    assert "OPENBLAS_NUM_THREADS" not in os.environ
+    one_blas_thread(["--debug", "sweep", "--model", "gpt2"])
+    assert os.environ["OPENBLAS_NUM_THREADS"] == "1"
