@@ -57,8 +57,8 @@ def test_roofline_caps_a_skinny_gemm():
 
 
 def test_no_points_falls_back_to_achieved_efficiency():
-    # RTX 4090 has no public GEMM table shipped: its achieved_efficiency, still roofline-capped.
-    gpu = load_gpu("rtx-4090")
+    # L40S has no public GEMM table shipped: its achieved_efficiency, still roofline-capped.
+    gpu = load_gpu("l40s")
     assert gpu.gemm_efficiency == ()
     assert G.gemm_efficiency(gpu, "bf16", 8192, 8192, 8192) == pytest.approx(gpu.achieved_efficiency)
 
