@@ -200,8 +200,9 @@ def one_blas_thread(argv: list[str]) -> None:
     torch or the user chose a count. The planner calls no BLAS routine (no matmul, no linalg
     outside planner.calibrate), but OpenBLAS starts a worker thread per core when it loads, and
     the workers spin while the main thread imports: on the 2-core machine of docs/cli_latency.md
-    `import numpy` took 0.09 s CPU with them and 0.05 s without, the same 0.06 s wall on an
-    idle machine and less on a busy one. Not for `calibrate`: the variable would reach every BLAS
+    `import numpy` took 0.10 s CPU (user + system) with them and 0.05-0.06 s without, 0.06 s
+    wall either way on an idle machine; where the cores are busy the spinning worker takes the
+    command's own time. Not for `calibrate`: the variable would reach every BLAS
     the process and its rank processes load (OpenBLAS-based torch builds would time their CPU
     GEMMs on one thread)."""
     command = next((arg for arg in argv if not arg.startswith("-")), None)
