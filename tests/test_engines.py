@@ -36,6 +36,17 @@ def test_deepspeed_pipeline_with_zero2_refused():
     assert "deepspeed" in supported_engines(LLAMA, Layout(pp=2, dp=4, zero_stage=1), BF16)
 
 
+def test_deepspeed_refuses_partial_block_recompute_but_runs_segments():
+    # DeepSpeed 0.19.8 deepspeed/runtime/pipe/module.py: activation_checkpoint_interval k
+    # checkpoints every segment of k layers, over all layers (zplan's every_k); nothing recomputes
+    # only the first n layers of a stage, Megatron's --recompute-method block (torchtitan's
+    # every-k-th-block AC and Megatron-LM do).
+    block = Layout(dp=8, recompute="block", recompute_num_layers=4)
+    assert supported_engines(LLAMA, block, BF16) == ["megatron-lm", "fsdp2"]
+    assert "deepspeed" in supported_engines(LLAMA, Layout(dp=8, recompute="every_k", recompute_every_k=2), BF16)
+    assert "deepspeed" in supported_engines(LLAMA, Layout(dp=8, recompute="full"), BF16)
+
+
 def test_pipeline_with_fsdp2_in_accelerate_refused():
     layout = Layout(pp=2, dp=4, zero_stage=3)
     assert "accelerate" not in supported_engines(LLAMA, layout, BF16)

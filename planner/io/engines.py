@@ -120,6 +120,12 @@ RULES: tuple[EngineRule, ...] = (
                "checkpoints whole layers (HF gradient checkpointing / deepspeed.checkpointing), "
                "not Megatron's selective attention recompute",
                f"{_DS} deepspeed/runtime/activation_checkpointing/checkpointing.py"),
+    EngineRule("deepspeed", lambda m, l, p: l.recompute == "block",
+               "checkpoints every layer or every segment of k layers, never only the first n "
+               "layers of a stage (Megatron's --recompute-method block)",
+               f"{_DS} deepspeed/runtime/pipe/module.py PipelineModule activation_checkpoint_interval "
+               "(segments of k layers over all layers); HF transformers gradient_checkpointing_enable "
+               "(every decoder layer)"),
     EngineRule("deepspeed", _tp_wider_than_kv,
                "AutoTP splits attention by whole kv heads, so with tp wider than num_kv_heads the "
                "ranks past the kv heads get no attention heads (no replication)",
