@@ -49,16 +49,20 @@ The sets, reported apart (each a table of rows; `configs` builds them):
   memory-contention probe (3 x 440, 5 x 312, 2 x 816, 3 x 600, 2 x 680, 6 x 184; sequence
   lengths 212, 260, 52, 156, 108, 292); evaluated once by three quiet runs (NEW 9.9-12.5 %
   mean, 14.0-21.4 % max) and looked at, so seen now too.
-- `NEW`: fixed and committed 2026-11-28 ~11:00 UTC, before any prediction
-  or measurement of them was run and before any change the eleventh set's errors may lead to:
-  model widths used by no earlier set (4 x 376, 5 x 344, 2 x 872, 3 x 616, 2 x 696, 6 x 216),
-  sequence lengths none used before (228, 188, 68, 164, 124, 284), micro-batches 2-8, every
-  engine (single, DDP, FSDP2 twice, ZeRO-1 twice). The process counts stay 1 and 2: the
-  machine has 2 cores, a third rank would share a core and time the scheduler. Their errors
-  are the out-of-sample figure; nothing in the predictor may be changed after looking at them
-  (changes go into a new set). Evaluated once, 2026-11-28 11:14-11:29 UTC, three quiet runs with
-  the predictor of 7aa408e unchanged (NEW 5.9-7.1 % mean, 8.2-10.6 % max; docs/calibrate.md), so
-  the next change needs a thirteenth set.
+- `SEEN_12`: fixed and committed 2026-11-28 ~11:04 UTC, before any
+  prediction or measurement of them was run (4 x 376, 5 x 344, 2 x 872, 3 x 616, 2 x 696,
+  6 x 216; sequence lengths 228, 188, 68, 164, 124, 284); evaluated once by three quiet runs with
+  the predictor of 7aa408e unchanged (NEW 5.9-7.1 % mean, 8.2-10.6 % max) and looked at, so seen
+  now too.
+- `NEW`: fixed and committed 2026-11-28 ~12:05 UTC, before any prediction
+  or measurement of them was run and before that session's change to the contention part (a
+  fixed probe model's forward + backward in place of the per-kind slowdowns of forward and
+  backward, decided on SEEN evidence): model widths used by no earlier set (4 x 392, 5 x 328,
+  2 x 888, 3 x 632, 2 x 712, 6 x 232), sequence lengths none used before (236, 180, 76, 172, 116,
+  276), micro-batches 2-8, every engine (single, DDP, FSDP2 twice, ZeRO-1 twice). The process
+  counts stay 1 and 2: the machine has 2 cores, a third rank would share a core and time the
+  scheduler. Their errors are the out-of-sample figure; nothing in the predictor may be changed
+  after looking at them (changes go into a new set).
 """
 
 from __future__ import annotations
@@ -125,6 +129,12 @@ H872 = {"layers": 2, "hidden": 872, "heads": 8, "ffn": 3488, "vocab": 1344}
 H616 = {"layers": 3, "hidden": 616, "heads": 8, "ffn": 2464, "vocab": 2496}
 H696 = {"layers": 2, "hidden": 696, "heads": 8, "ffn": 2784, "vocab": 3072}
 H216 = {"layers": 6, "hidden": 216, "heads": 8, "ffn": 864, "vocab": 1728}
+H392 = {"layers": 4, "hidden": 392, "heads": 8, "ffn": 1568, "vocab": 2432}
+H328 = {"layers": 5, "hidden": 328, "heads": 8, "ffn": 1312, "vocab": 2624}
+H888 = {"layers": 2, "hidden": 888, "heads": 8, "ffn": 3552, "vocab": 1280}
+H632 = {"layers": 3, "hidden": 632, "heads": 8, "ffn": 2528, "vocab": 2176}
+H712 = {"layers": 2, "hidden": 712, "heads": 8, "ffn": 2848, "vocab": 2944}
+H232 = {"layers": 6, "hidden": 232, "heads": 8, "ffn": 928, "vocab": 1856}
 
 
 Row = tuple[str, dict[str, int], int, int, Strategy]
@@ -233,7 +243,7 @@ SEEN_11: tuple[Row, ...] = (
 )
 """SEEN-11: the held-out six committed 2026-11-28 ~10:00 UTC (evaluated the same morning, so seen now)."""
 
-NEW: tuple[Row, ...] = (
+SEEN_12: tuple[Row, ...] = (
     ("h376 s228 b2", H376, 228, 2, "single"),
     ("h344 s188 b3 DDP", H344, 188, 3, "ddp"),
     ("h872 s68 b2 FSDP2", H872, 68, 2, "fsdp2"),
@@ -241,10 +251,20 @@ NEW: tuple[Row, ...] = (
     ("h696 s124 b3 ZeRO-1", H696, 124, 3, "zero1"),
     ("h216 s284 b8 ZeRO-1", H216, 284, 8, "zero1"),
 )
+"""SEEN-12: the held-out six committed 2026-11-28 ~11:04 UTC (evaluated the same morning, so seen now)."""
+
+NEW: tuple[Row, ...] = (
+    ("h392 s236 b2", H392, 236, 2, "single"),
+    ("h328 s180 b3 DDP", H328, 180, 3, "ddp"),
+    ("h888 s76 b2 FSDP2", H888, 76, 2, "fsdp2"),
+    ("h632 s172 b2 FSDP2", H632, 172, 2, "fsdp2"),
+    ("h712 s116 b3 ZeRO-1", H712, 116, 3, "zero1"),
+    ("h232 s276 b8 ZeRO-1", H232, 276, 8, "zero1"),
+)
 """NEW (out-of-sample): six configurations none of which had been run when they were committed."""
 
 SEEN: tuple[tuple[Row, ...], ...] = (SEEN_1, SEEN_2, SEEN_3, SEEN_4, SEEN_5, SEEN_6, SEEN_7, SEEN_8,
-                                      SEEN_9, SEEN_10, SEEN_11)
+                                      SEEN_9, SEEN_10, SEEN_11, SEEN_12)
 """Every set whose errors have been looked at, in the order they were committed."""
 
 
@@ -267,7 +287,7 @@ def step_configs(base: ModelSpec, nproc: int) -> list[StepConfig]:
 
 
 def seen_configs(base: ModelSpec, nproc: int) -> list[StepConfig]:
-    """Every configuration whose errors have been looked at: SEEN-1 to SEEN-11."""
+    """Every configuration whose errors have been looked at: SEEN-1 to SEEN-12."""
     return [config for rows in SEEN for config in configs(rows, base, nproc)]
 
 
