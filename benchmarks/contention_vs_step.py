@@ -6,7 +6,9 @@ repeat, for MINUTES minutes, one round of:
    rank alone while the other waits, then both at once) -> its slowdown, as the part measures it;
 2. the model's plain forward + backward (no engine, no collective), 3 times on each rank alone
    while the other waits, then 3 times on both at once -> the slowdown the model's own op mix
-   sees from the other rank;
+   sees from the other rank; and the same for a fixed probe model (`PROBE_ROW`, SEEN-1's
+   "large b2": 4 x 512, sequence 128, micro-batch 2), a candidate contention part that is not
+   the configuration predicted;
 3. 4 steps of the configuration under its engine (DDP / ZeRO-1 / FSDP2, as
    `planner.calibrate.steps` runs them).
 Rank 0 prints one line per round. Use SEEN rows only (`planner.calibrate.heldout.SEEN`): looking
@@ -44,6 +46,8 @@ from planner.io import loading  # noqa: E402
 
 COPY_BYTES = 16 * 2**20
 PROBE_REPS = 100
+PROBE_ROW = "large b2 DDP"
+"""The SEEN-1 row whose model (4 x 512, sequence 128, micro-batch 2) is the fixed probe block."""
 
 
 def forward_backward_s(net, tokens, labels, times: int) -> float:
@@ -58,6 +62,17 @@ def forward_backward_s(net, tokens, labels, times: int) -> float:
     return statistics.median(out)
 
 
+def alone_and_together(net, tokens, labels) -> tuple[float, float]:
+    """(this rank alone while the other waits, both ranks at once): median forward + backward."""
+    alone = 0.0
+    for turn in range(2):
+        dist.barrier()
+        if dist.get_rank() == turn:
+            alone = forward_backward_s(net, tokens, labels, 3)
+        dist.barrier()
+    return alone, forward_backward_s(net, tokens, labels, 3)
+
+
 def worker(rank: int, label: str, minutes: float, port: int) -> None:
     warnings.filterwarnings("ignore")
     pin(rank, 1)
@@ -65,12 +80,17 @@ def worker(rank: int, label: str, minutes: float, port: int) -> None:
     os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
     dist.init_process_group("gloo", rank=rank, world_size=2)
     device = torch.device("cpu")
-    cfg = next(c for c in heldout.seen_configs(loading.load_model("gpt2"), 2) if c.name.startswith(label))
+    seen = heldout.seen_configs(loading.load_model("gpt2"), 2)
+    cfg = next(c for c in seen if c.name.startswith(label))
+    fixed = next(c for c in seen if c.name.startswith(PROBE_ROW))
     torch.manual_seed(0)
     plain = build_model(cfg.model, cfg.seq_len)
+    probe_net = build_model(fixed.model, fixed.seq_len)
+    probe_in = token_batch(fixed.model, fixed.seq_len, fixed.micro_batch, device, seed=2000 + rank)
     engine, optimizer = steps._wrap(cfg, build_model(cfg.model, cfg.seq_len))
     tokens, labels = token_batch(cfg.model, cfg.seq_len, cfg.micro_batch, device, seed=1000 + rank)
     forward_backward_s(plain, tokens, labels, 2)
+    forward_backward_s(probe_net, *probe_in, 2)
     for _ in range(3):
         steps._one_step(engine, optimizer, tokens, labels)
     copy = ct.probe("memory", device, COPY_BYTES)[0]
@@ -79,19 +99,17 @@ def worker(rank: int, label: str, minutes: float, port: int) -> None:
         alone_s, together_s, _ = ct.probe_rounds(copy, device, PROBE_REPS, None)
         probe = [None, None]
         dist.all_gather_object(probe, together_s / alone_s)
-        alone = 0.0
-        for turn in range(2):
-            dist.barrier()
-            if rank == turn:
-                alone = forward_backward_s(plain, tokens, labels, 3)
-            dist.barrier()
-        together = forward_backward_s(plain, tokens, labels, 3)
+        alone, together = alone_and_together(plain, tokens, labels)
         model = [None, None]
         dist.all_gather_object(model, together / alone)
+        alone, together = alone_and_together(probe_net, *probe_in)
+        block = [None, None]
+        dist.all_gather_object(block, together / alone)
         dist.barrier()
         step_ms = [round(1e3 * sum(steps._one_step(engine, optimizer, tokens, labels))) for _ in range(4)]
         if rank == 0:
             print(f"{time.strftime('%H:%M:%S')} copy probe x{statistics.fmean(probe):.2f}  "
+                  f"probe block x{statistics.fmean(block):.2f}  "
                   f"model forward+backward together/alone x{statistics.fmean(model):.2f}  "
                   f"{cfg.name} steps ms {step_ms}", flush=True)
     dist.destroy_process_group()
