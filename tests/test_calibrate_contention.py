@@ -94,6 +94,34 @@ def test_contention_multiplies_compute_and_optimizer_on_gloo() -> None:
     assert single.compute_contention_s == 0.0 and single.optimizer_contention_s == 0.0
 
 
+def test_a_block_point_times_forward_and_backward_at_its_one_slowdown() -> None:
+    """With the fixed probe model's point (`block`), forward + backward are timed at its slowdown
+    (x1.1 here) whatever the per-kind probes read (x2 here); the engine's copies and the
+    optimizer step keep the copy probe's (x2): the ranks stream memory there in lockstep."""
+    from planner.calibrate.predict import compute_seconds, engine_copy_seconds, inventory, optimizer_shard, predict_step
+
+    cfg = _tiny("ddp", 2)
+    bare = predict_step(cfg, _parts())
+    alone = bare.gemm_s + bare.memory_bound_s + bare.dispatch_s
+    # DDP's two gradient copies per bucket (alone) are part of memory_bound_s; the rest is the
+    # forward + backward of the inventory
+    copies = engine_copy_seconds(cfg, _parts())
+    forward_backward = sum(compute_seconds(inventory(cfg.model, cfg.seq_len, cfg.micro_batch), _parts()))
+    assert copies > 0 and forward_backward + copies == pytest.approx(alone, rel=1e-12)
+    uniform = _uniform(2.0, 3.0)
+    parts = uniform.model_copy(update={"contention": (*uniform.contention, _point("block", 1.1),
+                                                      _point("block", 1.5, with_collective=True))})
+    slow = predict_step(cfg, parts)
+    assert slow.compute_s == pytest.approx(1.1 * forward_backward + 2 * copies, rel=1e-12)
+    assert slow.compute_contention_s == pytest.approx(0.1 * forward_backward + copies, rel=1e-9)
+    tensors, _ = optimizer_shard(cfg)
+    assert slow.optimizer_s == pytest.approx(2 * (1e-5 * tensors + 4e-9 * 8888), rel=1e-12)
+    # an older parts file (no block point) keeps the per-kind slowdowns: x2 on gloo
+    assert predict_step(cfg, uniform).compute_s == pytest.approx(2 * alone, rel=1e-12)
+    assert parts.has_contention("block", 2) and not uniform.has_contention("block", 2)
+    assert not parts.has_contention("block", 1)  # one rank: nothing to contend with
+
+
 def test_nccl_counts_the_overlapped_share_at_the_with_collective_slowdown() -> None:
     from planner.calibrate.predict import predict_step
 
@@ -151,10 +179,13 @@ def test_contention_probes_run_on_two_gloo_processes() -> None:
     with tempfile.TemporaryDirectory(prefix="zplan-test-cont-") as store:
         mp.spawn(_probe_worker, args=(store,), nprocs=2, join=True)
         points = [ContentionPoint.model_validate(p) for p in json.loads(Path(store, "points.json").read_text())]
-    # one GEMM, one copy (256 KiB: the only size within copy_max_bytes), the dispatch loop; each
-    # quiet and with an all-reduce in flight
+    # one GEMM, one copy (256 KiB: the only size within copy_max_bytes), the dispatch loop, each
+    # quiet and with an all-reduce in flight; the fixed model's forward + backward quiet only on
+    # gloo (the predictor reads a with-collective slowdown only on NCCL)
     assert [(p.kind, p.with_collective) for p in points] == [
-        ("gemm", False), ("gemm", True), ("memory", False), ("memory", True), ("dispatch", False), ("dispatch", True)]
+        ("gemm", False), ("gemm", True), ("memory", False), ("memory", True), ("dispatch", False), ("dispatch", True),
+        ("block", False)]
+    assert points[6].probe == "forward + backward of GPT-2 4 x 512, sequence 128, micro-batch 2"
     assert all(p.ranks == 2 and len(p.alone_s) == len(p.together_s) == 2 for p in points)
     assert all(t > 0 for p in points for t in (*p.alone_s, *p.together_s))
     assert points[2].bytes_moved == 2 * 256 * 2**10  # read + written

@@ -16,11 +16,23 @@ Neither shows in a one-process part, so it is measured as a part of its own, per
 
 The three phases are interleaved over `ROUNDS` rounds, so load from other processes that drifts
 during the measurement lands on all three alike; the whole measurement is repeated `REPEATS`
-times and the repeat with the median slowdown kept (`median_point`). Probes, one per kind of compute term of the predictor: a GEMM (`gemm`), copies over sizes from
-L2-resident to well beyond the last-level cache (`memory`: what ranks share depends on whether the
-data stays in a core's own cache, the shared cache or DRAM), and the aliasing op `t()`
-(`dispatch`: framework overhead on the host thread). Slowdown = mean(together) / mean(alone) per rank, averaged over the ranks
+times and the repeat with the median slowdown kept (`median_point`). Probes: a GEMM (`gemm`),
+copies over sizes from L2-resident to well beyond the last-level cache (`memory`: what ranks
+share depends on whether the data stays in a core's own cache, the shared cache or DRAM), the
+aliasing op `t()` (`dispatch`: framework overhead on the host thread), and a fixed model's
+forward + backward (`block`: GPT-2's architecture at `BLOCK_SHAPE`, sequence `BLOCK_SEQ_LEN`,
+micro-batch `BLOCK_MICRO_BATCH`, a probe workload, never the configuration predicted).
+Slowdown = mean(together) / mean(alone) per rank, averaged over the ranks
 (`ContentionPoint.slowdown`).
+
+Why `block` (2026-11-28, this 2-core host, SEEN rows only; docs/calibrate.md "The twelfth
+held-out set"): the 16 MiB copy probe flips between x1.0 and x1.6-1.9 over seconds to minutes,
+while a two-rank model's own forward + backward runs x0.95-1.07 of one rank alone in either
+state, and so does the fixed block (x1.01-1.07). Both ranks copying at full rate all the time
+overstates what a step's op mix meets from the other rank; the predictor times forward and
+backward at the `block` slowdown when the parts hold it (planner.calibrate.predict), and keeps
+the copy probe for the phases where the ranks do stream memory in lockstep (the engines' copies,
+the optimizer step).
 On CUDA the probe is timed with events on the compute stream (never `torch.cuda.synchronize`,
 which would also wait for the NCCL stream).
 """
@@ -53,14 +65,19 @@ copies read x1.6-1.9 in 12 of 16 measurements and x0.96-1.02 in the others, a wh
 measurement at a time; one measurement per calibration made such rows swing by 15 %."""
 MAX_REPS = 5000
 DISPATCH_CALLS = 500
+BLOCK_SHAPE = {"layers": 4, "hidden": 512, "heads": 8, "ffn": 2048, "vocab": 4096}
+"""The `block` probe's model: GPT-2's architecture at SEEN-1's "large" shape
+(planner.calibrate.heldout.LARGE), 15.1 M parameters."""
+BLOCK_SEQ_LEN = 128
+BLOCK_MICRO_BATCH = 2
 
 
 def probes(device: torch.device, copy_max_bytes: int | None = None) -> list[tuple[str, int]]:
     """(kind, buffer bytes) of every probe: one GEMM, copies over sizes up to `copy_max_bytes`
-    (the smallest one at least), the dispatch loop."""
+    (the smallest one at least), the dispatch loop, the fixed model's forward + backward."""
     sizes = COPY_BYTES[device.type]
     chosen = [b for b in sizes if copy_max_bytes is None or b <= copy_max_bytes] or [sizes[0]]
-    return [("gemm", 0), *(("memory", b) for b in chosen), ("dispatch", 0)]
+    return [("gemm", 0), *(("memory", b) for b in chosen), ("dispatch", 0), ("block", 0)]
 
 
 def probe(kind: str, device: torch.device, buffer_bytes: int = 0) -> tuple[Callable[[], object], str]:
@@ -81,7 +98,32 @@ def probe(kind: str, device: torch.device, buffer_bytes: int = 0) -> tuple[Calla
             for _ in range(DISPATCH_CALLS):
                 x.t()
         return views, f"{DISPATCH_CALLS} calls of t() on an 8x8 tensor"
+    if kind == "block":
+        return block_probe(device)
     raise ValueError(f"unknown contention probe {kind!r}")
+
+
+def block_probe(device: torch.device) -> tuple[Callable[[], object], str]:
+    """Forward + backward of the fixed probe model (`BLOCK_SHAPE`), fp32 on a CPU, bf16 on CUDA;
+    the gradients are dropped after each run so every run allocates them as a step does."""
+    from planner.calibrate.config import scaled_model
+    from planner.calibrate.models import build_model
+    from planner.calibrate.run import token_batch
+    from planner.io.loading import load_model
+
+    spec = scaled_model(load_model("gpt2"), **BLOCK_SHAPE, kv_heads=None)
+    net = build_model(spec, BLOCK_SEQ_LEN).to(device)
+    if device.type == "cuda":
+        net = net.to(torch.bfloat16)
+    tokens, labels = token_batch(spec, BLOCK_SEQ_LEN, BLOCK_MICRO_BATCH, device, seed=0)
+
+    def forward_backward():
+        net(tokens, labels).backward()
+        for p in net.parameters():
+            p.grad = None
+    shape = BLOCK_SHAPE
+    return forward_backward, (f"forward + backward of GPT-2 {shape['layers']} x {shape['hidden']}, "
+                              f"sequence {BLOCK_SEQ_LEN}, micro-batch {BLOCK_MICRO_BATCH}")
 
 
 def timed(fn: Callable[[], object], device: torch.device, reps: int) -> list[float]:
@@ -152,7 +194,7 @@ def with_collective_times(fn, device, reps: int, probe_s: float, group) -> list[
     return times  # never covered after 4 doublings: the last timing, as close as we got
 
 
-def probe_rounds(fn, device, reps: int, group) -> tuple[float, float, float]:
+def probe_rounds(fn, device, reps: int, group, with_collective: bool = True) -> tuple[float, float, float | None]:
     """(alone, together, with a collective) mean seconds per run of this rank over `ROUNDS`
     interleaved rounds: load from outside that drifts during the measurement lands on all three
     alike. The mean, not the median: a probe shorter than a scheduler time slice is preempted in
@@ -164,8 +206,10 @@ def probe_rounds(fn, device, reps: int, group) -> tuple[float, float, float]:
     for _ in range(ROUNDS):
         alone += alone_times(fn, device, reps, group)
         together += together_times(fn, device, reps, group)
-        loaded += with_collective_times(fn, device, reps, statistics.fmean(together), group)
-    return statistics.fmean(alone), statistics.fmean(together), statistics.fmean(loaded)
+        if with_collective:
+            loaded += with_collective_times(fn, device, reps, statistics.fmean(together), group)
+    return (statistics.fmean(alone), statistics.fmean(together),
+            statistics.fmean(loaded) if with_collective else None)
 
 
 def median_point(points: list[ContentionPoint]) -> ContentionPoint:
@@ -180,6 +224,7 @@ def measure_contention(device: torch.device, group, copy_max_bytes: int | None =
     """Every probe alone, together and with a collective on `group`; the group's rank 0 returns the
     points (the others an empty list). `progress(done, total, probe)` after each probe."""
     ranks = dist.get_world_size(group)
+    nccl = dist.get_backend(group) == "nccl"
     points = []
     todo = probes(device, copy_max_bytes)
     for done, (kind, buffer_bytes) in enumerate(todo, 1):
@@ -187,21 +232,26 @@ def measure_contention(device: torch.device, group, copy_max_bytes: int | None =
         fn()
         once = statistics.median(timed(fn, device, 3))
         reps = int(agreed_max(min(MAX_REPS, max(5, phase_budget_s / ROUNDS / max(once, 1e-7))), group))
+        # the block probe with a collective only where the predictor reads it (NCCL's overlapped
+        # share; on gloo nothing is counted as overlapped): on gloo the queue of all-reduces it
+        # needs to be covered took ~70 s on the 2-core host
+        loaded = kind != "block" or nccl
         repeats = []
         for _ in range(REPEATS):
             rows: list = [None] * ranks
-            dist.all_gather_object(rows, probe_rounds(fn, device, reps, group), group=group)
+            dist.all_gather_object(rows, probe_rounds(fn, device, reps, group, loaded), group=group)
             repeats.append(rows)
         if dist.get_rank(group) == 0:
             common = {"kind": kind, "ranks": ranks, "probe": what, "bytes_moved": 2 * buffer_bytes}
             collective = f"all_reduce of {COLLECTIVE_BYTES[device.type] // 2**20} MiB, queued async"
-            points += [median_point([ContentionPoint(**common, alone_s=tuple(r[0] for r in rows),
-                                                     together_s=tuple(r[1] for r in rows),
-                                                     with_collective=False) for rows in repeats]),
-                       median_point([ContentionPoint(**common, alone_s=tuple(r[0] for r in rows),
-                                                     together_s=tuple(r[2] for r in rows),
-                                                     with_collective=True, collective=collective)
-                                     for rows in repeats])]
+            points.append(median_point([ContentionPoint(**common, alone_s=tuple(r[0] for r in rows),
+                                                        together_s=tuple(r[1] for r in rows),
+                                                        with_collective=False) for rows in repeats]))
+            if loaded:
+                points.append(median_point([ContentionPoint(**common, alone_s=tuple(r[0] for r in rows),
+                                                            together_s=tuple(r[2] for r in rows),
+                                                            with_collective=True, collective=collective)
+                                            for rows in repeats]))
         if progress:
             progress(done, len(todo), what)
     return points

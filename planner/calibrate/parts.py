@@ -73,7 +73,7 @@ class ContentionPoint(Frozen):
     same probe at once (and, with `with_collective`, while an all-reduce is in flight); one entry
     per rank in `alone_s` / `together_s`. planner.calibrate.contention measures it."""
 
-    kind: Literal["gemm", "memory", "dispatch"]
+    kind: Literal["gemm", "memory", "dispatch", "block"]
     ranks: int = Field(ge=2)
     with_collective: bool
     probe: str
@@ -177,6 +177,12 @@ class HardwareParts(Frozen):
             if fit.op == op and fit.ranks == ranks and fit.level == level:
                 return fit
         raise ValueError(f"no {level} {op} on {ranks} ranks was measured")
+
+    def has_contention(self, kind: str, ranks: int, with_collective: bool = False) -> bool:
+        """Whether the parts hold a `kind` contention point for `ranks` ranks (older parts files
+        have no `block` point)."""
+        return ranks > 1 and any((p.kind, p.ranks, p.with_collective) == (kind, ranks, with_collective)
+                                 for p in self.contention)
 
     def slowdown(self, kind: str, ranks: int, with_collective: bool = False, num_bytes: float = 0) -> float:
         """The measured slowdown of `kind` compute with `ranks` ranks at once; for `memory`, at

@@ -18,9 +18,11 @@ fitted Adam time of this rank's tensors and elements. Terms add up: on a CPU, gl
 on the cores the compute uses, so nothing is counted as overlapped (an assumption, stated).
 Contention: with N ranks on a node, compute and the optimizer are slowed by the measured
 per-rank slowdown of N ranks at once (`HardwareParts.slowdown`, planner.calibrate.contention):
-GEMMs by the GEMM probe's, each memory-bound op by the copy probe's at its bytes, dispatch by the
-dispatch probe's; on NCCL the share of compute overlapped by collectives at the with-collective
-slowdown (`overlap_share`).
+forward and backward by the fixed probe model's (`block`; parts files from before it: GEMMs by
+the GEMM probe's, each memory-bound op by the copy probe's at its bytes, dispatch by the
+dispatch probe's); the engines' copies and the optimizer step, where the ranks stream memory in
+lockstep, by the copy probe's at their bytes; on NCCL the share of compute overlapped by
+collectives at the with-collective slowdown (`overlap_share`).
 
 Engines, as torch 2.13 implements them:
 - DDP (torch/nn/parallel/distributed.py): gradients all-reduced in buckets of
@@ -229,13 +231,21 @@ def inventory(model: ModelSpec, seq_len: int, micro_batch: int) -> Inventory:
 
 def compute_seconds(inv: Inventory, parts: HardwareParts, dtype: str = "fp32", ranks: int = 1,
                     with_collective: bool = False) -> tuple[float, float, float]:
-    """(GEMM, memory-bound, dispatch) seconds of the inventory on the measured parts, each term
-    times its measured contention slowdown with `ranks` ranks computing at once (1: alone)."""
+    """(GEMM, memory-bound, dispatch) seconds of the inventory on the measured parts with `ranks`
+    ranks computing at once (1: alone). With a `block` contention point (the fixed probe model's
+    forward + backward, planner.calibrate.contention) every term is timed at that one slowdown;
+    older parts files without it: each term at its own kind's (GEMM, copy at the op's bytes,
+    dispatch)."""
     slow = parts.slowdown
+    block = parts.has_contention("block", ranks, with_collective)
     gemm = gemm_total_seconds(inv, parts, dtype)
-    memory = sum(parts.kernel(kind).seconds(moved) * reuse * slow("memory", ranks, with_collective, moved)
+    memory = sum(parts.kernel(kind).seconds(moved) * reuse
+                 * (1.0 if block else slow("memory", ranks, with_collective, moved))
                  for (kind, moved), reuse in zip(inv.kernels, reuse_factors(inv, parts), strict=True))
     dispatch = inv.views * parts.view_op_s + dispatch_overhead_seconds(inv, parts)
+    if block:
+        factor = slow("block", ranks, with_collective)
+        return gemm * factor, memory * factor, dispatch * factor
     return gemm * slow("gemm", ranks, with_collective), memory, dispatch * slow("dispatch", ranks, with_collective)
 
 
