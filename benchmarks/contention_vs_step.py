@@ -4,11 +4,11 @@ Two pinned rank processes (one core, one thread each, as `zplan calibrate hardwa
 repeat, for MINUTES minutes, one round of:
 1. the contention part's 16 MiB copy probe (`planner.calibrate.contention.probe_rounds`: each
    rank alone while the other waits, then both at once) -> its slowdown, as the part measures it;
-2. the model's plain forward + backward (no engine, no collective), 3 times on each rank alone
-   while the other waits, then 3 times on both at once -> the slowdown the model's own op mix
-   sees from the other rank; and the same for a fixed probe model (`PROBE_ROW`, SEEN-1's
-   "large b2": 4 x 512, sequence 128, micro-batch 2), a candidate contention part that is not
-   the configuration predicted;
+2. the model's plain forward + backward (no engine, no collective) on each rank alone while
+   the other waits, then on both at once -> the slowdown the model's own op mix
+   sees from the other rank; and the same for the contention part's fixed probe model
+   (`contention.block_probe`: 4 x 512, sequence 128, micro-batch 2), both measured as the part
+   measures its probes (`contention.probe_rounds`);
 3. 4 steps of the configuration under its engine (DDP / ZeRO-1 / FSDP2, as
    `planner.calibrate.steps` runs them).
 Rank 0 prints one line per round. Use SEEN rows only (`planner.calibrate.heldout.SEEN`): looking
@@ -16,10 +16,12 @@ at a held-out row's step here would spend it.
 
     python benchmarks/contention_vs_step.py ["h176 s280 b8 ZeRO-1"] [MINUTES]
 
-2026-11-28 (this host, docs/calibrate.md "The twelfth held-out set"): the copy probe read x1.7-1.9
-(its high state) in every round of a 4-minute run, while the model's forward + backward together
-ran x0.96-1.07 of alone; in an earlier 7-minute run of steps only, steps in the probe's low state
-(x1.0) had a median 1110 ms, in the high state 1149 ms.
+2026-11-28 (this host, docs/calibrate.md "The twelfth held-out set"), on h176, measured by
+earlier versions of this script that timed the two models as the median of 3 runs alone / 3
+together: 11:57-12:02 UTC, copy probe x0.97-0.98 in two rounds and x1.71-1.87 in thirteen, probe
+model x1.01-1.07, the model's own forward + backward x0.95-1.06, steps 1014-1238 ms in either
+state; a 7-minute run of probe and steps only: median step 1110 ms in the copy probe's low
+state (x1.0), 1149 ms in its high state.
 """
 
 from __future__ import annotations
@@ -46,31 +48,17 @@ from planner.io import loading  # noqa: E402
 
 COPY_BYTES = 16 * 2**20
 PROBE_REPS = 100
-PROBE_ROW = "large b2 DDP"
-"""The SEEN-1 row whose model (4 x 512, sequence 128, micro-batch 2) is the fixed probe block."""
+"""Runs of the copy probe per phase; the model and the probe model run `MODEL_REPS` / 2."""
+MODEL_REPS = 1
 
 
-def forward_backward_s(net, tokens, labels, times: int) -> float:
-    """Median seconds of `times` plain forward + backward passes."""
-    out = []
-    for _ in range(times):
-        start = time.perf_counter()
-        net(tokens, labels).backward()
-        out.append(time.perf_counter() - start)
-        for p in net.parameters():
-            p.grad = None
-    return statistics.median(out)
-
-
-def alone_and_together(net, tokens, labels) -> tuple[float, float]:
-    """(this rank alone while the other waits, both ranks at once): median forward + backward."""
-    alone = 0.0
-    for turn in range(2):
-        dist.barrier()
-        if dist.get_rank() == turn:
-            alone = forward_backward_s(net, tokens, labels, 3)
-        dist.barrier()
-    return alone, forward_backward_s(net, tokens, labels, 3)
+def slowdown(fn, reps: int) -> float:
+    """Together / alone of `fn`, measured as the contention part measures it
+    (`contention.probe_rounds`, no collective), the mean over the two ranks."""
+    alone_s, together_s, _ = ct.probe_rounds(fn, torch.device("cpu"), reps, None, with_collective=False)
+    ratios = [None, None]
+    dist.all_gather_object(ratios, together_s / alone_s)
+    return statistics.fmean(ratios)
 
 
 def worker(rank: int, label: str, minutes: float, port: int) -> None:
@@ -80,38 +68,24 @@ def worker(rank: int, label: str, minutes: float, port: int) -> None:
     os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
     dist.init_process_group("gloo", rank=rank, world_size=2)
     device = torch.device("cpu")
-    seen = heldout.seen_configs(loading.load_model("gpt2"), 2)
-    cfg = next(c for c in seen if c.name.startswith(label))
-    fixed = next(c for c in seen if c.name.startswith(PROBE_ROW))
+    cfg = next(c for c in heldout.seen_configs(loading.load_model("gpt2"), 2) if c.name.startswith(label))
     torch.manual_seed(0)
-    plain = build_model(cfg.model, cfg.seq_len)
-    probe_net = build_model(fixed.model, fixed.seq_len)
-    probe_in = token_batch(fixed.model, fixed.seq_len, fixed.micro_batch, device, seed=2000 + rank)
-    engine, optimizer = steps._wrap(cfg, build_model(cfg.model, cfg.seq_len))
     tokens, labels = token_batch(cfg.model, cfg.seq_len, cfg.micro_batch, device, seed=1000 + rank)
-    forward_backward_s(plain, tokens, labels, 2)
-    forward_backward_s(probe_net, *probe_in, 2)
-    for _ in range(3):
-        steps._one_step(engine, optimizer, tokens, labels)
+    model = ct.forward_backward(build_model(cfg.model, cfg.seq_len), tokens, labels)
+    block = ct.block_probe(device)[0]
+    engine, optimizer = steps._wrap(cfg, build_model(cfg.model, cfg.seq_len))
     copy = ct.probe("memory", device, COPY_BYTES)[0]
+    for warm in (model, block, lambda: steps._one_step(engine, optimizer, tokens, labels)):
+        warm()
     end = time.time() + 60 * minutes
     while not ct.agreed_max(1.0 if time.time() > end else 0.0, None):
-        alone_s, together_s, _ = ct.probe_rounds(copy, device, PROBE_REPS, None)
-        probe = [None, None]
-        dist.all_gather_object(probe, together_s / alone_s)
-        alone, together = alone_and_together(plain, tokens, labels)
-        model = [None, None]
-        dist.all_gather_object(model, together / alone)
-        alone, together = alone_and_together(probe_net, *probe_in)
-        block = [None, None]
-        dist.all_gather_object(block, together / alone)
+        copy_x, block_x, model_x = slowdown(copy, PROBE_REPS), slowdown(block, 2 * MODEL_REPS), slowdown(model, MODEL_REPS)
         dist.barrier()
         step_ms = [round(1e3 * sum(steps._one_step(engine, optimizer, tokens, labels))) for _ in range(4)]
         if rank == 0:
-            print(f"{time.strftime('%H:%M:%S')} copy probe x{statistics.fmean(probe):.2f}  "
-                  f"probe block x{statistics.fmean(block):.2f}  "
-                  f"model forward+backward together/alone x{statistics.fmean(model):.2f}  "
-                  f"{cfg.name} steps ms {step_ms}", flush=True)
+            print(f"{time.strftime('%H:%M:%S')} copy probe x{copy_x:.2f}  probe block x{block_x:.2f}  "
+                  f"model forward+backward together/alone x{model_x:.2f}  {cfg.name} steps ms {step_ms}",
+                  flush=True)
     dist.destroy_process_group()
 
 

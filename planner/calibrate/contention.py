@@ -48,6 +48,7 @@ import torch
 import torch.distributed as dist
 
 from planner.calibrate.hardware import now
+from planner.calibrate.heldout import LARGE
 from planner.calibrate.parts import ContentionPoint
 
 GEMM_SIDE = {"cpu": 512, "cuda": 8192}
@@ -65,9 +66,9 @@ copies read x1.6-1.9 in 12 of 16 measurements and x0.96-1.02 in the others, a wh
 measurement at a time; one measurement per calibration made such rows swing by 15 %."""
 MAX_REPS = 5000
 DISPATCH_CALLS = 500
-BLOCK_SHAPE = {"layers": 4, "hidden": 512, "heads": 8, "ffn": 2048, "vocab": 4096}
-"""The `block` probe's model: GPT-2's architecture at SEEN-1's "large" shape
-(planner.calibrate.heldout.LARGE), 15.1 M parameters."""
+BLOCK_SHAPE = LARGE
+"""The `block` probe's model: GPT-2's architecture at SEEN-1's "large" shape (4 x 512), 15.1 M
+parameters."""
 BLOCK_SEQ_LEN = 128
 BLOCK_MICRO_BATCH = 2
 
@@ -104,8 +105,7 @@ def probe(kind: str, device: torch.device, buffer_bytes: int = 0) -> tuple[Calla
 
 
 def block_probe(device: torch.device) -> tuple[Callable[[], object], str]:
-    """Forward + backward of the fixed probe model (`BLOCK_SHAPE`), fp32 on a CPU, bf16 on CUDA;
-    the gradients are dropped after each run so every run allocates them as a step does."""
+    """Forward + backward of the fixed probe model (`BLOCK_SHAPE`), fp32 on a CPU, bf16 on CUDA."""
     from planner.calibrate.config import scaled_model
     from planner.calibrate.models import build_model
     from planner.calibrate.run import token_batch
@@ -116,14 +116,19 @@ def block_probe(device: torch.device) -> tuple[Callable[[], object], str]:
     if device.type == "cuda":
         net = net.to(torch.bfloat16)
     tokens, labels = token_batch(spec, BLOCK_SEQ_LEN, BLOCK_MICRO_BATCH, device, seed=0)
+    return (forward_backward(net, tokens, labels),
+            f"forward + backward of GPT-2 {BLOCK_SHAPE['layers']} x {BLOCK_SHAPE['hidden']}, "
+            f"sequence {BLOCK_SEQ_LEN}, micro-batch {BLOCK_MICRO_BATCH}")
 
-    def forward_backward():
+
+def forward_backward(net: torch.nn.Module, tokens, labels) -> Callable[[], None]:
+    """One forward + backward of `net`; the gradients are dropped after each run, so every run
+    allocates them as a step does."""
+    def run() -> None:
         net(tokens, labels).backward()
         for p in net.parameters():
             p.grad = None
-    shape = BLOCK_SHAPE
-    return forward_backward, (f"forward + backward of GPT-2 {shape['layers']} x {shape['hidden']}, "
-                              f"sequence {BLOCK_SEQ_LEN}, micro-batch {BLOCK_MICRO_BATCH}")
+    return run
 
 
 def timed(fn: Callable[[], object], device: torch.device, reps: int) -> list[float]:
@@ -242,16 +247,16 @@ def measure_contention(device: torch.device, group, copy_max_bytes: int | None =
             dist.all_gather_object(rows, probe_rounds(fn, device, reps, group, loaded), group=group)
             repeats.append(rows)
         if dist.get_rank(group) == 0:
-            common = {"kind": kind, "ranks": ranks, "probe": what, "bytes_moved": 2 * buffer_bytes}
-            collective = f"all_reduce of {COLLECTIVE_BYTES[device.type] // 2**20} MiB, queued async"
-            points.append(median_point([ContentionPoint(**common, alone_s=tuple(r[0] for r in rows),
-                                                        together_s=tuple(r[1] for r in rows),
-                                                        with_collective=False) for rows in repeats]))
+            def kept(column: int, **extra) -> ContentionPoint:  # the median repeat's point
+                return median_point([ContentionPoint(kind=kind, ranks=ranks, probe=what,
+                                                     bytes_moved=2 * buffer_bytes,
+                                                     alone_s=tuple(r[0] for r in rows),
+                                                     together_s=tuple(r[column] for r in rows), **extra)
+                                     for rows in repeats])
+            points.append(kept(1, with_collective=False))
             if loaded:
-                points.append(median_point([ContentionPoint(**common, alone_s=tuple(r[0] for r in rows),
-                                                            together_s=tuple(r[2] for r in rows),
-                                                            with_collective=True, collective=collective)
-                                            for rows in repeats]))
+                points.append(kept(2, with_collective=True, collective=f"all_reduce of "
+                                   f"{COLLECTIVE_BYTES[device.type] // 2**20} MiB, queued async"))
         if progress:
             progress(done, len(todo), what)
     return points
