@@ -87,11 +87,13 @@ def _contention(parts: HardwareParts) -> None:
 
 
 class Split:
-    """One table's errors: with and without the contention part, and the steps' spreads (%)."""
+    """One table's errors: with every part, without the contention part, without the page-fault
+    part, and the steps' spreads (%)."""
 
     def __init__(self) -> None:
         self.errors: list[float] = []
         self.bare: list[float] = []
+        self.no_faults: list[float] = []
         self.spreads: list[float] = []
 
     def figures(self) -> str:
@@ -99,25 +101,29 @@ class Split:
             return "not run"
         return (f"mean {statistics.fmean(self.errors):.1f} % / max {max(self.errors):.1f} % "
                 f"(no contention {statistics.fmean(self.bare):.1f} / {max(self.bare):.1f} %; "
+                f"no page faults {statistics.fmean(self.no_faults):.1f} / {max(self.no_faults):.1f} %; "
                 f"step spread median {statistics.median(self.spreads):.1f} %, max {max(self.spreads):.1f} %)")
 
 
 def _table(title: str, configs, parts: HardwareParts) -> Split:
     bare = parts.model_copy(update={"contention": ()})
+    no_faults = parts.model_copy(update={"fault_s_per_page": None})
     print(f"\n{title}\n\n| configuration | params | step pred ms | (no contention) | step meas ms | spread | error | "
-          "(no contention) | compute p / m | comm p / m | optimizer p / m | load |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+          "(no contention) | (no page faults) | compute p / m | page faults p ms | comm p / m | optimizer p / m | load |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     split = Split()
     for cfg in configs:
-        p, p0 = predict_step(cfg, parts), predict_step(cfg, bare)
+        p, p0, pf = predict_step(cfg, parts), predict_step(cfg, bare), predict_step(cfg, no_faults)
         before = _load()
         m = measure_step(cfg, parts.threads_per_rank, clock=parts.clock)
-        err, err0 = ((x.step_s - m.step_s) / m.step_s * 100 for x in (p, p0))
+        err, err0, err_f = ((x.step_s - m.step_s) / m.step_s * 100 for x in (p, p0, pf))
         split.errors.append(abs(err))
         split.bare.append(abs(err0))
+        split.no_faults.append(abs(err_f))
         split.spreads.append(m.step_spread * 100)
         print(f"| {cfg.name} | {count_params(cfg.model).total / 1e6:.1f} M | {_ms(p.step_s)} | {_ms(p0.step_s)} | "
-              f"{_ms(m.step_s)} | {m.step_spread * 100:.0f} % | {err:+.1f} % | {err0:+.1f} % | {_ms(p.compute_s)} / {_ms(m.compute_s)} | "
+              f"{_ms(m.step_s)} | {m.step_spread * 100:.0f} % | {err:+.1f} % | {err0:+.1f} % | {err_f:+.1f} % | {_ms(p.compute_s)} / {_ms(m.compute_s)} | "
+              f"{_ms(p.page_fault_s)} | "
               f"{_ms(p.communication_s)} / {_ms(m.communication_s)} | {_ms(p.optimizer_s)} / {_ms(m.optimizer_s)} | "
               f"{before} -> {_load()} |", flush=True)
     print(f"\n{title}: |error| {split.figures()} (goal 15 %)")
@@ -148,7 +154,8 @@ def one_run(args, number: int) -> str:
     print(f"GEMM peak (best on grid) {parts.peak_flops_per_s['fp32'] / 1e9:.1f} GFLOP/s; copy "
           f"{parts.kernel('copy').large_bytes_per_s / 1e9:.2f} GB/s; Adam {1 / parts.optimizer.per_element_s:.3g} "
           f"params/s; all-reduce x2 alpha {ar.latency_s * 1e6:.0f} us, busbw {ar.bytes_per_s / 1e9:.2f} GB/s; "
-          f"FSDP2 hook {hook}; dispatch per op {_us(parts.dispatch_per_op_s)}; load {_load()}")
+          f"FSDP2 hook {hook}; dispatch per op {_us(parts.dispatch_per_op_s)}; page fault "
+          f"{_us(parts.fault_s_per_page)}; load {_load()}")
     if parts.reuse:
         print(f"reuse part: last-level cache {parts.last_level_cache_bytes / 2**20:.0f} MiB "
               f"({parts.last_level_cache_source}); ratio t(D) / t(0) at D = "

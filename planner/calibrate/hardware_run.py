@@ -20,6 +20,7 @@ from pydantic import Field
 
 from planner import __version__
 from planner.calibrate import collectives as coll
+from planner.calibrate import page_faults
 from planner.calibrate import hardware as hw
 from planner.calibrate import reuse
 from planner.calibrate.dispatch import measure as measure_dispatch
@@ -124,6 +125,8 @@ def measure_device(cfg: HardwareConfig, device: torch.device, tick: Tick) -> dic
               "device_to_host_bytes_per_s": copies[1] if copies else None, "file": file, **reuse_fields}
     if device.type == "cpu" and "fp32" in peaks:  # the tiny model runs on the CPU in fp32
         fields["dispatch_per_op_s"] = measure_dispatch(_partial_parts(fields))
+    if device.type == "cpu":
+        fields["fault_s_per_page"] = page_faults.fault_seconds_per_page()
     tick("dispatch")
     return fields
 

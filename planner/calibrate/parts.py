@@ -146,6 +146,10 @@ class HardwareParts(Frozen):
     """The last-level cache the reuse grid is built on; None in an older parts file."""
     last_level_cache_source: str = ""
     """Where `last_level_cache_bytes` was read (sysfs, or the CUDA device properties)."""
+    fault_s_per_page: float | None = None
+    """CPU hosts: seconds of the first touch of one page freshly mapped from the kernel, beyond
+    writing it again (planner.calibrate.page_faults); None on CUDA (the caching allocator keeps
+    its segments) and in an older parts file (no page-fault term then)."""
     engine_optimizers: tuple[EngineOptimizerFit, ...] = ()
     """ZeRO-1's and FSDP2's optimizer step as the engines call it on the node's ranks
     (planner.calibrate.engine_optimizer); empty in an older parts file (the predictor then uses

@@ -45,6 +45,10 @@ cache-resident operands, the step's were produced megabytes of traffic earlier.
 GEMMs measured at the step's own shapes and layouts (planner.calibrate.shape_gemms) replace the
 table for those calls; Python + autograd per recorded op (planner.calibrate.dispatch) adds
 `dispatch_per_op_s` x the op count to the dispatch term.
+Page faults (CPU hosts, planner.calibrate.page_faults): the pages forward + backward take fresh
+from the kernel, counted by replaying the step's allocation trace through the host's allocator,
+times the measured cost of one (`page_fault_s`, slowed with the other ranks as forward and
+backward are).
 """
 
 from __future__ import annotations
@@ -60,6 +64,7 @@ from torch.utils._pytree import tree_flatten
 from planner.calibrate.dispatch import op_count
 from planner.calibrate.fsdp2_overhead import hooks_per_step, step_copies
 from planner.calibrate.models import build_model
+from planner.calibrate.page_faults import step_faults
 from planner.calibrate.parts import HardwareParts
 from planner.calibrate.reuse import OpTouch, cyclic_distances, op_distance
 from planner.calibrate.shape_gemms import GemmCall, call_of, lookup, seconds_by_call
@@ -120,10 +125,14 @@ class Prediction(Frozen):
     optimizer_s: float
     compute_contention_s: float = 0.0
     optimizer_contention_s: float = 0.0
+    page_fault_s: float = 0.0
+    """CPU hosts: forward + backward's first touches of pages the allocator took from the kernel
+    (planner.calibrate.page_faults), one rank alone; `compute_contention_s` holds its share of
+    the other ranks' slowdown."""
 
     @property
     def compute_s(self) -> float:
-        return self.gemm_s + self.memory_bound_s + self.dispatch_s + self.compute_contention_s
+        return self.gemm_s + self.memory_bound_s + self.dispatch_s + self.page_fault_s + self.compute_contention_s
 
     @property
     def step_s(self) -> float:
@@ -458,13 +467,27 @@ def overlap_share(cfg: StepConfig, parts: HardwareParts, compute_s: float) -> fl
     return min(1.0, backward_communication_seconds(cfg, parts) / compute_s)
 
 
+def fault_seconds(cfg: StepConfig, parts: HardwareParts) -> float:
+    """Forward + backward's first touches of fresh pages, one rank alone: the step's allocation
+    trace replayed through the host's allocator (planner.calibrate.page_faults) times the measured
+    cost per page; 0 without the part (CUDA, an older parts file). The optimizer step's faults are
+    left out: its replayed phase faulted 3-8x more than the optimizer time the real steps leave
+    room for on four SEEN rows (docs/calibrate.md "Page faults as a part")."""
+    if parts.fault_s_per_page is None:
+        return 0.0
+    return step_faults(cfg.model, cfg.seq_len, cfg.micro_batch)[0] * parts.fault_s_per_page
+
+
 def contended_compute_seconds(inv: Inventory, cfg: StepConfig, parts: HardwareParts) -> float:
     """Forward + backward compute with every rank of the node computing at once: the measured
-    slowdown without a collective, and with one for the overlapped share."""
+    slowdown without a collective, and with one for the overlapped share. Page faults are
+    slowed as forward and backward are (the block probe's factor, 1 without it)."""
     ranks = ranks_at_once(cfg)
+    faults = fault_seconds(cfg, parts) * (parts.slowdown("block", ranks) if parts.has_contention("block", ranks)
+                                             else 1.0)
 
     def total(with_collective: bool) -> float:
-        return (sum(compute_seconds(inv, parts, ranks=ranks, with_collective=with_collective))
+        return (faults + sum(compute_seconds(inv, parts, ranks=ranks, with_collective=with_collective))
                 + engine_copy_seconds(cfg, parts, ranks=ranks, with_collective=with_collective)
                 + engine_hook_seconds(cfg, parts, ranks=ranks, with_collective=with_collective))
 
@@ -479,10 +502,11 @@ def predict_step(cfg: StepConfig, parts: HardwareParts) -> Prediction:
     gemm, memory, dispatch = compute_seconds(inv, parts)
     copies = engine_copy_seconds(cfg, parts)
     hooks = engine_hook_seconds(cfg, parts)
+    faults = fault_seconds(cfg, parts)
     optimizer_alone = optimizer_seconds(cfg, parts)
     optimizer = optimizer_seconds(cfg, parts, ranks_at_once(cfg))
-    alone = gemm + memory + dispatch + copies + hooks
-    return Prediction(gemm_s=gemm, memory_bound_s=memory + copies, dispatch_s=dispatch + hooks,
+    alone = gemm + memory + dispatch + copies + hooks + faults
+    return Prediction(gemm_s=gemm, memory_bound_s=memory + copies, dispatch_s=dispatch + hooks, page_fault_s=faults,
                       compute_contention_s=contended_compute_seconds(inv, cfg, parts) - alone,
                       communication_s=communication_seconds(cfg, parts), optimizer_s=optimizer,
                       optimizer_contention_s=optimizer - optimizer_alone)
