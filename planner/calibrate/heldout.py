@@ -65,7 +65,10 @@ The sets, reported apart (each a table of rows; `configs` builds them):
   before (220, 204, 84, 148, 132, 268), micro-batches 2-8, every engine (single, DDP, FSDP2
   twice, ZeRO-1 twice). The process counts stay 1 and 2: the machine has 2 cores, a third rank
   would share a core and time the scheduler. Their errors are the out-of-sample figure; nothing
-  in the predictor may be changed after looking at them (changes go into a new set).
+  in the predictor may be changed after looking at them (changes go into a new set). Evaluated
+  once, 2026-11-28 14:31-14:49 UTC, three quiet runs with the predictor of 634c07a (page faults
+  as a part; NEW 4.1-8.4 % mean, 10.5-18.7 % max; docs/calibrate.md), so the next change needs
+  a fifteenth set.
 """
 
 from __future__ import annotations
