@@ -8,21 +8,22 @@ run time (malloc/malloc.c: a freed mmapped chunk above `mmap_threshold`, up to
 threshold to twice that). Every page handed back is faulted in again, zeroed by the kernel, the
 next time a tensor lands on it. The device parts never see this (their loops reuse freed
 memory); a step does: on this 2-core host, SEEN rows in fresh processes faulted 5-260 MiB per
-step, about 1.7 us per 4 KiB page, 1-10 % of forward + backward and up to ~30 % for a wide model
-with a short sequence (2026-11-28, docs/calibrate.md "Page faults as a part"). On a GPU the
-caching allocator keeps its segments, so the term is 0 there.
+step at ~2.1 us per 4 KiB page, up to ~10 % of forward + backward (2026-11-28, docs/calibrate.md
+"Page faults as a part"). On a GPU the caching allocator keeps its segments: no term there.
 
 Two pieces, neither timed on the configuration predicted:
 - `fault_seconds_per_page` (a device part): a fresh anonymous mapping written once (every page
   faulted) minus the same bytes written again (no fault), per page;
 - `step_faults`: the step's allocation trace (every storage a forward + backward and an Adam
-  step allocate and free, recorded on the `meta` device: sizes and order, no data) replayed
-  through the host's own malloc in a fresh process (ctypes `posix_memalign` / `memset` / `free`,
-  no torch), counting the minor faults of each phase (`resource.getrusage`). The replay is the
-  allocator's real policy on the step's real sizes; what it leaves out (named approximations):
-  allocations inside kernels that meta tensors do not make (BLAS packing buffers, reduction
-  scratch), Python objects, the engines' own buffers (DDP buckets, FSDP2's gathered parameters),
-  and the data loader.
+  step allocate and free, recorded on the `meta` device: sizes and order, no data; `recorder`,
+  `allocation_trace`) replayed through torch's CPU allocator in fresh processes that have built
+  the model (`replay_faults`), counting the minor faults of each phase (`resource.getrusage`).
+  The replay is the allocator's real policy on the step's real sizes; the model's forward and
+  backward are never run. Named approximations: allocations inside kernels that meta tensors do
+  not make (BLAS packing buffers, reduction scratch; the one found to matter,
+  `native_dropout_backward`'s, is added: `KERNEL_SCRATCH`), Python objects, the engines' own
+  buffers (DDP buckets, FSDP2's gathered parameters), the data loader, and the state a process
+  that ran other work first leaves in glibc's thresholds.
 """
 
 from __future__ import annotations
