@@ -25,6 +25,7 @@ def step_rows(steps: list[dict]) -> list[dict]:
             "seq_len": cfg.seq_len, "layers": cfg.model.num_layers, "hidden": cfg.model.hidden_size,
             "predicted": {"step_s": p.step_s, "compute_s": p.compute_s, "gemm_s": p.gemm_s,
                           "memory_bound_s": p.memory_bound_s, "dispatch_s": p.dispatch_s,
+                          "page_fault_s": p.page_fault_s,
                           "communication_s": p.communication_s, "optimizer_s": p.optimizer_s},
             "measured": {"step_s": m.step_s, "forward_backward_s": m.forward_backward_s,
                          "compute_s": m.compute_s, "communication_s": m.communication_s,
@@ -54,6 +55,8 @@ def parts_table(parts) -> Table:
     for curve in parts.kernels:
         table.add_row(f"{curve.kind} at {curve.bytes_moved[-1] / 2**20:.0f} MiB moved (GB/s)",
                       f"{curve.large_bytes_per_s / 1e9:.2f}")
+    if parts.fault_s_per_page is not None:
+        table.add_row("page fault, first touch of a fresh page (us)", f"{parts.fault_s_per_page * 1e6:.2f}")
     opt = parts.optimizer
     table.add_row("Adam (params/s; us per tensor)", f"{1 / opt.per_element_s:.3g}; {opt.per_tensor_s * 1e6:.1f}")
     for engine in parts.engine_optimizers:

@@ -192,7 +192,8 @@ class HardwareStepRow(BaseModel):
     layers: int
     hidden: int
     predicted: dict[str, float]
-    """Seconds per term: step_s, compute_s, gemm_s, memory_bound_s, dispatch_s, communication_s, optimizer_s."""
+    """Seconds per term: step_s, compute_s, gemm_s, memory_bound_s, dispatch_s, page_fault_s (CPU hosts),
+    communication_s, optimizer_s."""
     measured: dict[str, Optional[float]]
     """Seconds per term: step_s, forward_backward_s, compute_s (null when not attributed), communication_s, optimizer_s."""
     step_error_pct: float
