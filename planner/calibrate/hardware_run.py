@@ -20,9 +20,8 @@ from pydantic import Field
 
 from planner import __version__
 from planner.calibrate import collectives as coll
-from planner.calibrate import page_faults
 from planner.calibrate import hardware as hw
-from planner.calibrate import reuse
+from planner.calibrate import page_faults, reuse
 from planner.calibrate.dispatch import measure as measure_dispatch
 from planner.calibrate.fits import BUS_OPS
 from planner.calibrate.fsdp2_overhead import hook_seconds as fsdp2_hook_seconds

@@ -483,8 +483,7 @@ def contended_compute_seconds(inv: Inventory, cfg: StepConfig, parts: HardwarePa
     slowdown without a collective, and with one for the overlapped share. Page faults are
     slowed as forward and backward are (the block probe's factor, 1 without it)."""
     ranks = ranks_at_once(cfg)
-    faults = fault_seconds(cfg, parts) * (parts.slowdown("block", ranks) if parts.has_contention("block", ranks)
-                                             else 1.0)
+    faults = fault_seconds(cfg, parts) * parts.slowdown("block", ranks)
 
     def total(with_collective: bool) -> float:
         return (faults + sum(compute_seconds(inv, parts, ranks=ranks, with_collective=with_collective))
