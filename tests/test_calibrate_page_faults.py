@@ -38,7 +38,7 @@ def test_a_step_trace_frees_what_it_allocates() -> None:
     trace = allocation_trace(cfg.model, cfg.seq_len, cfg.micro_batch)
     step = trace["step"]
     assert step.count("|") == 1
-    allocated = {sid for e in step if e != "|" and e[0] for sid in [e[1]]}
+    allocated = {e[1] for e in step if e != "|" and e[0]}
     freed = {e[1] for e in step if e != "|" and not e[0]}
     assert allocated and allocated <= freed
     assert step[0] == [1 * 4 * 8 * 4, step[0][1]]  # b=1, s=4, h=8, 4 bytes

@@ -478,12 +478,13 @@ def fault_seconds(cfg: StepConfig, parts: HardwareParts) -> float:
     return step_faults(cfg.model, cfg.seq_len, cfg.micro_batch)[0] * parts.fault_s_per_page
 
 
-def contended_compute_seconds(inv: Inventory, cfg: StepConfig, parts: HardwareParts) -> float:
+def contended_compute_seconds(inv: Inventory, cfg: StepConfig, parts: HardwareParts, faults_s: float = 0.0) -> float:
     """Forward + backward compute with every rank of the node computing at once: the measured
-    slowdown without a collective, and with one for the overlapped share. Page faults are
-    slowed as forward and backward are (the block probe's factor, 1 without it)."""
+    slowdown without a collective, and with one for the overlapped share. `faults_s` (one rank's
+    page faults, `fault_seconds`) is slowed as forward and backward are (the block probe's
+    factor, 1 without it)."""
     ranks = ranks_at_once(cfg)
-    faults = fault_seconds(cfg, parts) * parts.slowdown("block", ranks)
+    faults = faults_s * parts.slowdown("block", ranks)
 
     def total(with_collective: bool) -> float:
         return (faults + sum(compute_seconds(inv, parts, ranks=ranks, with_collective=with_collective))
@@ -506,7 +507,7 @@ def predict_step(cfg: StepConfig, parts: HardwareParts) -> Prediction:
     optimizer = optimizer_seconds(cfg, parts, ranks_at_once(cfg))
     alone = gemm + memory + dispatch + copies + hooks + faults
     return Prediction(gemm_s=gemm, memory_bound_s=memory + copies, dispatch_s=dispatch + hooks, page_fault_s=faults,
-                      compute_contention_s=contended_compute_seconds(inv, cfg, parts) - alone,
+                      compute_contention_s=contended_compute_seconds(inv, cfg, parts, faults) - alone,
                       communication_s=communication_seconds(cfg, parts), optimizer_s=optimizer,
                       optimizer_contention_s=optimizer - optimizer_alone)
 
