@@ -59,16 +59,17 @@ The sets, reported apart (each a table of rows; `configs` builds them):
   180, 76, 172, 116, 276); evaluated once by three quiet runs with the predictor of 0cdb06b (the
   fixed probe model's contention part; NEW 5.9-9.0 % mean, 15.2-19.9 % max) and looked at, so
   seen now too.
-- `NEW`: fixed and committed 2026-11-28 ~13:30 UTC, before any prediction or measurement of them
+- `SEEN_14`: fixed and committed 2026-11-28 ~13:30 UTC, before any prediction or measurement
+  of them was run (4 x 408, 5 x 296, 2 x 904, 3 x 648, 2 x 728, 6 x 248; sequence lengths 220,
+  204, 84, 148, 132, 268); evaluated once by three quiet runs with the predictor of 634c07a (page
+  faults as a part; NEW 4.1-8.4 % mean, 10.5-18.7 % max) and looked at, so seen now too.
+- `NEW`: fixed and committed 2026-11-28 ~16:15 UTC, before any prediction or measurement of them
   was run and before any change of that session to the predictor: model widths used by no
-  earlier set (4 x 408, 5 x 296, 2 x 904, 3 x 648, 2 x 728, 6 x 248), sequence lengths none used
-  before (220, 204, 84, 148, 132, 268), micro-batches 2-8, every engine (single, DDP, FSDP2
+  earlier set (4 x 424, 5 x 264, 2 x 920, 3 x 664, 2 x 744, 6 x 168), sequence lengths none used
+  before (252, 288, 44, 296, 92, 304), micro-batches 2-8, every engine (single, DDP, FSDP2
   twice, ZeRO-1 twice). The process counts stay 1 and 2: the machine has 2 cores, a third rank
   would share a core and time the scheduler. Their errors are the out-of-sample figure; nothing
-  in the predictor may be changed after looking at them (changes go into a new set). Evaluated
-  once, 2026-11-28 14:31-14:49 UTC, three quiet runs with the predictor of 634c07a (page faults
-  as a part; NEW 4.1-8.4 % mean, 10.5-18.7 % max; docs/calibrate.md), so the next change needs
-  a fifteenth set.
+  in the predictor may be changed after looking at them (changes go into a new set).
 """
 
 from __future__ import annotations
@@ -147,6 +148,12 @@ H904 = {"layers": 2, "hidden": 904, "heads": 8, "ffn": 3616, "vocab": 1152}
 H648 = {"layers": 3, "hidden": 648, "heads": 8, "ffn": 2592, "vocab": 2048}
 H728 = {"layers": 2, "hidden": 728, "heads": 8, "ffn": 2912, "vocab": 2880}
 H248 = {"layers": 6, "hidden": 248, "heads": 8, "ffn": 992, "vocab": 1920}
+H424 = {"layers": 4, "hidden": 424, "heads": 8, "ffn": 1696, "vocab": 2368}
+H264 = {"layers": 5, "hidden": 264, "heads": 8, "ffn": 1056, "vocab": 2240}
+H920 = {"layers": 2, "hidden": 920, "heads": 8, "ffn": 3680, "vocab": 1088}
+H664 = {"layers": 3, "hidden": 664, "heads": 8, "ffn": 2656, "vocab": 2112}
+H744 = {"layers": 2, "hidden": 744, "heads": 8, "ffn": 2976, "vocab": 2816}
+H168 = {"layers": 6, "hidden": 168, "heads": 8, "ffn": 672, "vocab": 1984}
 
 
 Row = tuple[str, dict[str, int], int, int, Strategy]
@@ -275,7 +282,7 @@ SEEN_13: tuple[Row, ...] = (
 )
 """SEEN-13: the held-out six committed 2026-11-28 ~12:05 UTC (evaluated the same day, so seen now)."""
 
-NEW: tuple[Row, ...] = (
+SEEN_14: tuple[Row, ...] = (
     ("h408 s220 b2", H408, 220, 2, "single"),
     ("h296 s204 b3 DDP", H296, 204, 3, "ddp"),
     ("h904 s84 b2 FSDP2", H904, 84, 2, "fsdp2"),
@@ -283,10 +290,20 @@ NEW: tuple[Row, ...] = (
     ("h728 s132 b3 ZeRO-1", H728, 132, 3, "zero1"),
     ("h248 s268 b8 ZeRO-1", H248, 268, 8, "zero1"),
 )
+"""SEEN-14: the held-out six committed 2026-11-28 ~13:30 UTC (evaluated the same day, so seen now)."""
+
+NEW: tuple[Row, ...] = (
+    ("h424 s252 b2", H424, 252, 2, "single"),
+    ("h264 s288 b3 DDP", H264, 288, 3, "ddp"),
+    ("h920 s44 b2 FSDP2", H920, 44, 2, "fsdp2"),
+    ("h664 s296 b2 FSDP2", H664, 296, 2, "fsdp2"),
+    ("h744 s92 b3 ZeRO-1", H744, 92, 3, "zero1"),
+    ("h168 s304 b8 ZeRO-1", H168, 304, 8, "zero1"),
+)
 """NEW (out-of-sample): six configurations none of which had been run when they were committed."""
 
 SEEN: tuple[tuple[Row, ...], ...] = (SEEN_1, SEEN_2, SEEN_3, SEEN_4, SEEN_5, SEEN_6, SEEN_7, SEEN_8,
-                                      SEEN_9, SEEN_10, SEEN_11, SEEN_12, SEEN_13)
+                                      SEEN_9, SEEN_10, SEEN_11, SEEN_12, SEEN_13, SEEN_14)
 """Every set whose errors have been looked at, in the order they were committed."""
 
 
@@ -309,7 +326,7 @@ def step_configs(base: ModelSpec, nproc: int) -> list[StepConfig]:
 
 
 def seen_configs(base: ModelSpec, nproc: int) -> list[StepConfig]:
-    """Every configuration whose errors have been looked at: SEEN-1 to SEEN-13."""
+    """Every configuration whose errors have been looked at: SEEN-1 to SEEN-14."""
     return [config for rows in SEEN for config in configs(rows, base, nproc)]
 
 
