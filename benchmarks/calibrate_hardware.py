@@ -18,7 +18,7 @@ whole thing (fresh parts each time) and ends with one `SUMMARY` line per run to 
     python benchmarks/calibrate_hardware.py --clock thread   # each rank's CPU time (a shared machine)
     python benchmarks/calibrate_hardware.py --parts parts.json   # reuse saved parts, steps only
     python benchmarks/calibrate_hardware.py --set new        # only the NEW held-out set
-    python benchmarks/calibrate_hardware.py --no-shapes      # GEMMs from the table only
+    python benchmarks/calibrate_hardware.py --no-shapes      # GEMMs from the table, FSDP2 from the width curve
     python benchmarks/calibrate_hardware.py --attribute 3    # no prediction table: the SEEN one-process
                                                              # steps per op class (predicted / alone / in step)
     python benchmarks/calibrate_hardware.py --stability 4    # no prediction: three SEEN steps measured
@@ -40,10 +40,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from planner.calibrate.fsdp2_collectives import group_elements  # noqa: E402
 from planner.calibrate.hardware_run import HardwareConfig, calibrate_local  # noqa: E402
 from planner.calibrate.heldout import new_heldout_configs, seen_configs  # noqa: E402
 from planner.calibrate.parts import HardwareParts  # noqa: E402
-from planner.calibrate.predict import predict_step, with_step_shapes  # noqa: E402
+from planner.calibrate.predict import predict_step, with_fsdp2_groups, with_step_shapes  # noqa: E402
 from planner.calibrate.steps import measure_step  # noqa: E402
 from planner.core.params import count_params  # noqa: E402
 from planner.io.loading import load_model  # noqa: E402
@@ -88,12 +89,13 @@ def _contention(parts: HardwareParts) -> None:
 
 class Split:
     """One table's errors: with every part, without the contention part, without the page-fault
-    part, and the steps' spreads (%)."""
+    part, with FSDP2's width curve only (no group measured at its shapes), and the steps' spreads (%)."""
 
     def __init__(self) -> None:
         self.errors: list[float] = []
         self.bare: list[float] = []
         self.no_faults: list[float] = []
+        self.curve: list[float] = []
         self.spreads: list[float] = []
 
     def figures(self) -> str:
@@ -102,27 +104,31 @@ class Split:
         return (f"mean {statistics.fmean(self.errors):.1f} % / max {max(self.errors):.1f} % "
                 f"(no contention {statistics.fmean(self.bare):.1f} / {max(self.bare):.1f} %; "
                 f"no page faults {statistics.fmean(self.no_faults):.1f} / {max(self.no_faults):.1f} %; "
+                f"FSDP2 width curve only {statistics.fmean(self.curve):.1f} / {max(self.curve):.1f} %; "
                 f"step spread median {statistics.median(self.spreads):.1f} %, max {max(self.spreads):.1f} %)")
 
 
 def _table(title: str, configs, parts: HardwareParts) -> Split:
     bare = parts.model_copy(update={"contention": ()})
     no_faults = parts.model_copy(update={"fault_s_per_page": None})
+    curve = parts.model_copy(update={"fsdp2_groups": ()})
     print(f"\n{title}\n\n| configuration | params | step pred ms | (no contention) | step meas ms | spread | error | "
-          "(no contention) | (no page faults) | compute p / m | page faults p ms | comm p / m | optimizer p / m | load |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+          "(no contention) | (no page faults) | (FSDP2 width curve) | compute p / m | page faults p ms | comm p / m | "
+          "optimizer p / m | load |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     split = Split()
     for cfg in configs:
-        p, p0, pf = predict_step(cfg, parts), predict_step(cfg, bare), predict_step(cfg, no_faults)
+        p, p0, pf, pc = (predict_step(cfg, x) for x in (parts, bare, no_faults, curve))
         before = _load()
         m = measure_step(cfg, parts.threads_per_rank, clock=parts.clock)
-        err, err0, err_f = ((x.step_s - m.step_s) / m.step_s * 100 for x in (p, p0, pf))
+        err, err0, err_f, err_c = ((x.step_s - m.step_s) / m.step_s * 100 for x in (p, p0, pf, pc))
         split.errors.append(abs(err))
         split.bare.append(abs(err0))
         split.no_faults.append(abs(err_f))
+        split.curve.append(abs(err_c))
         split.spreads.append(m.step_spread * 100)
         print(f"| {cfg.name} | {count_params(cfg.model).total / 1e6:.1f} M | {_ms(p.step_s)} | {_ms(p0.step_s)} | "
-              f"{_ms(m.step_s)} | {m.step_spread * 100:.0f} % | {err:+.1f} % | {err0:+.1f} % | {err_f:+.1f} % | {_ms(p.compute_s)} / {_ms(m.compute_s)} | "
+              f"{_ms(m.step_s)} | {m.step_spread * 100:.0f} % | {err:+.1f} % | {err0:+.1f} % | {err_f:+.1f} % | {err_c:+.1f} % | {_ms(p.compute_s)} / {_ms(m.compute_s)} | "
               f"{_ms(p.page_fault_s)} | "
               f"{_ms(p.communication_s)} / {_ms(m.communication_s)} | {_ms(p.optimizer_s)} / {_ms(m.optimizer_s)} | "
               f"{before} -> {_load()} |", flush=True)
@@ -143,12 +149,23 @@ def one_run(args, number: int) -> str:
     print(f"\n=== run {number}/{args.runs} start {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}; uptime: {up}")
     parts = _parts(args)
     base = load_model("gpt2")
-    configs = seen_configs(base, 2) + new_heldout_configs(base, 2)
+    seen_rows = seen_configs(base, 2) if args.which in ("seen", "both") else []
+    new_rows = new_heldout_configs(base, 2) if args.which in ("new", "both") else []
+    configs = seen_rows + new_rows
     if not args.no_shapes:
         start_shapes = time.perf_counter()
         parts = with_step_shapes(parts, configs)
         print(f"GEMMs at the steps' shapes and layouts: {len(parts.shape_gemms)} distinct calls timed alone in "
               f"{time.perf_counter() - start_shapes:.0f} s (planner/calibrate/shape_gemms.py)")
+        start_groups = time.perf_counter()
+        parts = with_fsdp2_groups(parts, configs)
+        print(f"FSDP2 groups at the steps' parameter shapes: {len(parts.fsdp2_groups)} distinct groups timed in "
+              f"{time.perf_counter() - start_groups:.0f} s (planner/calibrate/fsdp2_collectives.py measure_groups)")
+        for g in parts.fsdp2_groups:
+            group_bytes = 4 * group_elements(g.shapes)
+            print(f"  {'block' if g.resharded else 'root '} group of {len(g.shapes)} tensors, {group_bytes / 2**20:.2f} MiB: "
+                  f"{g.seconds * 1e3:.1f} ms at its shapes, {parts.fsdp2_curve(g.resharded, g.ranks).seconds(group_bytes) * 1e3:.1f} "
+                  "ms on the width curve")
     ar = parts.collective("all_reduce", 2).fit
     hook = "n/a" if parts.fsdp2_hook_s is None else f"{parts.fsdp2_hook_s * 1e6:.0f} us"
     print(f"GEMM peak (best on grid) {parts.peak_flops_per_s['fp32'] / 1e9:.1f} GFLOP/s; copy "
@@ -171,10 +188,8 @@ def one_run(args, number: int) -> str:
               f"{f.fit.per_tensor_s * 1e6:.0f} us per tensor, {f.fit.per_element_s * 1e9:.2f} ns per element "
               "(planner/calibrate/engine_optimizer.py)")
     _contention(parts)
-    seen = _table("SEEN (every configuration of the earlier sessions)", seen_configs(base, 2), parts) \
-        if args.which in ("seen", "both") else Split()
-    new = _table("NEW held-out (committed before they were first run)", new_heldout_configs(base, 2), parts) \
-        if args.which in ("new", "both") else Split()
+    seen = _table("SEEN (every configuration of the earlier sessions)", seen_rows, parts) if seen_rows else Split()
+    new = _table("NEW held-out (committed before they were first run)", new_rows, parts) if new_rows else Split()
     end_up = _uptime()
     print(f"uptime at the end of run {number}: {end_up}")
     return (f"SUMMARY run {number}/{args.runs} {start}-{time.strftime('%H:%M', time.gmtime())} UTC "
@@ -189,7 +204,8 @@ def _args():
     parser.add_argument("--set", choices=("seen", "new", "both"), default="both", dest="which")
     parser.add_argument("--runs", type=int, default=1, help="repeat parts + steps this many times (>= 1)")
     parser.add_argument("--no-shapes", action="store_true",
-                        help="predict GEMMs from the table only (no GEMMs timed at the steps' shapes)")
+                        help="predict GEMMs from the table and FSDP2 groups from the width curve only "
+                             "(nothing timed at the steps' shapes)")
     parser.add_argument("--attribute", type=int, default=0, metavar="ROUNDS",
                         help="only attribute the SEEN single-process steps per op class (parts, then ROUNDS rounds)")
     parser.add_argument("--stability", type=int, default=0, metavar="N",

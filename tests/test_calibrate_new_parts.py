@@ -17,11 +17,12 @@ import torch  # noqa: E402
 from test_calibrate_hardware import GIB_, _parts  # noqa: E402
 
 from planner.calibrate import dispatch, fsdp2_collectives, shape_gemms  # noqa: E402
+from planner.calibrate.collectives import spawn_fsdp2_groups  # noqa: E402
 from planner.calibrate.config import scaled_model  # noqa: E402
 from planner.calibrate.fits import AlphaBeta  # noqa: E402
 from planner.calibrate.predict import (Inventory, StepConfig, communication_seconds,  # noqa: E402
                                        dispatch_overhead_seconds, engine_copy_seconds, engine_hook_seconds,
-                                       gemm_seconds, gemm_total_seconds)
+                                       fsdp2_group_shapes, gemm_seconds, gemm_total_seconds)
 from planner.calibrate.profile_file import merge_with_collectives, write_profiles  # noqa: E402
 from planner.core.spec import NodeSpec  # noqa: E402
 from planner.io.loading import load_model, load_node  # noqa: E402
@@ -144,6 +145,35 @@ def test_fsdp2_communication_from_the_as_called_part_by_hand() -> None:
     # without the part: the bare all-gather twice + reduce-scatter per block (α 100 µs, 2 GB/s), the root once each
     bare = 2 * (3 * 100e-6 + 3 * block_bytes / 2e9) + 2 * 100e-6 + 2 * root_bytes / 2e9
     assert communication_seconds(cfg, _parts()) == pytest.approx(bare)
+
+
+def test_fsdp2_groups_measured_at_their_shapes_replace_the_curve_by_hand() -> None:
+    spec = scaled_model(load_model("gpt2"), layers=2, hidden=8, heads=2, ffn=32, vocab=10, kv_heads=None)
+    cfg = StepConfig(name="t", model=spec, seq_len=4, micro_batch=1, strategy="fsdp2", nproc=2)
+    block_bytes, root_bytes = (288 + 288 + 264 + 32) * 4, (80 + 8192 + 16) * 4  # as in the test above
+    blocks, root = fsdp2_group_shapes(spec, 4)
+    assert blocks[0] == blocks[1] and fsdp2_collectives.group_elements(blocks[0]) * 4 == block_bytes
+    assert fsdp2_collectives.group_elements(root) * 4 == root_bytes
+    assert fsdp2_collectives.group_elements([(3, 4), (5,)]) == 17
+    # the block measured at its shapes (40 ms); the root not measured: the curve at its bytes (3.1576 ms)
+    cost = fsdp2_collectives.Fsdp2GroupCost(resharded=True, ranks=2, shapes=tuple(blocks[0]), seconds=40e-3)
+    parts = _fsdp2_parts().model_copy(update={"fsdp2_groups": (cost,)})
+    assert communication_seconds(cfg, parts) == pytest.approx(2 * 40e-3 + 2e-3 + (root_bytes - 10000) * 5e-8)
+    # measured for another schedule or rank count: not used (both blocks back on the curve, 5.488 ms each)
+    for other in (cost.model_copy(update={"resharded": False}), cost.model_copy(update={"ranks": 4})):
+        assert communication_seconds(cfg, _fsdp2_parts().model_copy(update={"fsdp2_groups": (other,)})) == \
+            pytest.approx(2 * 5.488e-3 + 3.1576e-3)
+    assert parts.fsdp2_group_seconds(True, 2, [list(s) for s in blocks[0]]) == 40e-3  # lists or tuples
+    assert parts.fsdp2_group_seconds(True, 2, root) is None
+
+
+def test_fsdp2_group_probe_on_two_real_ranks() -> None:
+    """Two spawned gloo ranks time a probe group of given shapes on both schedules (every rank
+    runs FSDP2 itself); the figures are positive and the shapes come back as asked."""
+    groups = [(True, ((64, 32), (32,))), (False, ((16, 16),))]
+    costs = spawn_fsdp2_groups(2, {"threads": 1, "device": "cpu", "timeout_s": 120, "clock": "wall", "groups": groups})
+    assert [(c.resharded, c.shapes, c.ranks) for c in costs] == [(True, ((64, 32), (32,)), 2), (False, ((16, 16),), 2)]
+    assert all(0 < c.seconds < 1 for c in costs)
 
 
 def test_parts_fsdp2_fit_lookup() -> None:

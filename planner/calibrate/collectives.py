@@ -14,6 +14,7 @@ FileStore in a temporary directory; a cluster is `torchrun`, read from the envir
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import statistics
@@ -28,7 +29,7 @@ import torch.distributed as dist
 from planner.calibrate.fits import fit_alpha_beta
 from planner.calibrate.engine_optimizer import EngineOptimizerFit
 from planner.calibrate.engine_optimizer import measure as measure_engine_optimizers
-from planner.calibrate.fsdp2_collectives import Fsdp2CollectiveFit
+from planner.calibrate.fsdp2_collectives import Fsdp2CollectiveFit, Fsdp2GroupCost, measure_groups
 from planner.calibrate.fsdp2_collectives import measure as measure_fsdp2
 from planner.calibrate.contention import measure_contention
 from planner.calibrate.hardware import use_clock
@@ -347,6 +348,48 @@ def spawn_collectives(nproc: int, cfg: dict) -> tuple[list[CollectiveFit], list[
                 [ContentionPoint.model_validate(c) for c in out["contention"]],
                 [Fsdp2CollectiveFit.model_validate(f) for f in out.get("fsdp2", [])],
                 [EngineOptimizerFit.model_validate(f) for f in out.get("engine_optimizers", [])])
+
+
+def fsdp2_groups_worker(rank: int, world: int, store_dir: str, cfg: dict) -> None:
+    """One spawned rank of `spawn_fsdp2_groups`: rank 0 writes `groups.json`."""
+    import warnings
+
+    warnings.simplefilter("ignore", FutureWarning)
+    device = rank_device(rank, cfg["device"])
+    pin(rank, cfg["threads"], device.type)  # before gloo starts its threads: they inherit the mask
+    torch.set_num_threads(cfg["threads"])
+    use_clock(cfg.get("clock", "wall"))
+    init("nccl" if device.type == "cuda" else "gloo", cfg["timeout_s"], rank, world, store_dir)
+    finished = False
+    try:
+        costs = measure_groups(dist.group.WORLD, device, cfg["groups"])
+        gc.collect()  # FSDP2 states hold reference cycles: collected after the group is gone, gloo aborts the rank
+        if rank == 0:
+            Path(store_dir, "groups.json").write_text(json.dumps([c.model_dump() for c in costs]))
+        finished = True
+    except Exception as err:  # noqa: BLE001 - reported to the parent, which raises
+        _report(store_dir, rank, {"op": "fsdp2", "size": 0, "message": "during the FSDP2 group probe: "
+                                  + " ".join(str(err).split())[:300]})
+    finally:
+        close(finished)
+
+
+def spawn_fsdp2_groups(nproc: int, cfg: dict) -> list[Fsdp2GroupCost]:
+    """FSDP2's per-group cost on the (resharded, shapes) groups `cfg["groups"]`
+    (fsdp2_collectives.measure_groups) on `nproc` local processes."""
+    import tempfile
+
+    import torch.multiprocessing as mp
+    from torch.multiprocessing.spawn import ProcessException
+
+    if nproc < 2 or not cfg["groups"]:
+        return []
+    with tempfile.TemporaryDirectory(prefix="zplan-fsdp2-") as tmp:
+        try:
+            mp.spawn(fsdp2_groups_worker, args=(nproc, tmp, cfg), nprocs=nproc, join=True)
+        except ProcessException:
+            raise _failure(Path(tmp), cfg["timeout_s"]) from None
+        return [Fsdp2GroupCost.model_validate(c) for c in json.loads(Path(tmp, "groups.json").read_text())]
 
 
 def _failure(tmp: Path, timeout_s: float) -> Exception:

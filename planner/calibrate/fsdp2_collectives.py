@@ -34,6 +34,7 @@ copies and its hooks (all inside c).
 
 from __future__ import annotations
 
+import math
 import statistics
 
 from planner.calibrate.fits import AlphaBeta, fit_alpha_beta, interp_linear
@@ -83,6 +84,22 @@ def fitted(resharded: bool, ranks: int, widths, per_group_s) -> Fsdp2CollectiveF
                               times_s=tuple(per_group_s), fit=fit_alpha_beta(sizes, per_group_s))
 
 
+class Fsdp2GroupCost(Frozen):
+    """FSDP2's per-group cost measured on a group of the given parameter shapes (one of a model's
+    blocks, or its root), `resharded` = a block's schedule; the predictor reads it for a group of
+    exactly those shapes in place of the width curve (`measure_groups`)."""
+
+    resharded: bool
+    ranks: int
+    shapes: tuple[tuple[int, ...], ...]
+    seconds: float
+
+
+def group_elements(shapes) -> int:
+    """Elements of a group of parameters of `shapes`."""
+    return sum(math.prod(s) for s in shapes)
+
+
 def measure(group, device, widths=WIDTHS, rounds: int = 3, reps: int = 5) -> list[Fsdp2CollectiveFit]:
     """Both schedules on `group` (every rank of it calls this); every rank returns the fits."""
     import torch
@@ -91,25 +108,68 @@ def measure(group, device, widths=WIDTHS, rounds: int = 3, reps: int = 5) -> lis
     ranks = dist.get_world_size(group)
     out = []
     for resharded in (True, False):
-        times = [_one_width(torch, dist, group, device, w, resharded, rounds, reps) for w in widths]
+        times = [_per_group_seconds(torch, dist, group, device, _linear(torch, w), torch.randn(1, w, device=device),
+                                    resharded, rounds, reps) for w in widths]
         out.append(fitted(resharded, ranks, widths, [max(t, 1e-9) for t in times]))
     return out
 
 
-def _one_width(torch, dist, group, device, width: int, resharded: bool, rounds: int, reps: int) -> float:
+def measure_groups(group, device, groups, rounds: int = 3, reps: int = 5) -> list[Fsdp2GroupCost]:
+    """The per-group cost of each (resharded, shapes) in `groups` on `group` (every rank of it
+    calls this), with probe groups holding parameters of exactly those shapes (`_shapes_group`).
+    Why shapes and not only bytes: FSDP2's copy-out allocates one unsharded tensor per parameter
+    (_fsdp_collectives.foreach_all_gather_copy_out), and a tensor above glibc's mmap threshold
+    (at most 32 MiB) is mapped fresh, so faulted, on every allocation while smaller ones reuse
+    the heap. A block of 12·h² elements in four matrices costs less than one tensor of the same
+    bytes once h is large (SEEN shapes, 2 ranks, 2026-11-28 16:16 UTC: h888 36.1 MiB 146 vs
+    179 ms per group on the block schedule, h904 158 vs 189, h632 18.3 MiB 38.6 vs 50.2, h432
+    8.6 MiB 23.0 vs 23.0)."""
+    import torch
+    import torch.distributed as dist
+
+    ranks = dist.get_world_size(group)
+    return [Fsdp2GroupCost(resharded=resharded, ranks=ranks, shapes=tuple(tuple(s) for s in shapes),
+                           seconds=max(_per_group_seconds(torch, dist, group, device, _shapes_group(torch, shapes),
+                                                          torch.zeros(1, device=device), resharded, rounds, reps), 1e-9))
+            for resharded, shapes in groups]
+
+
+def _linear(torch, width: int):
+    """The width curve's probe group: a bias-free Linear(width, width)."""
+    return lambda: torch.nn.Linear(width, width, bias=False)
+
+
+def _shapes_group(torch, shapes):
+    """A probe group holding one parameter of each shape; its forward adds one element of each
+    to the input (compute negligible; backward writes every parameter's whole gradient, as a
+    block's backward does)."""
+
+    class ShapesGroup(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.params = torch.nn.ParameterList(torch.nn.Parameter(torch.randn(*s) * 0.01) for s in shapes)
+
+        def forward(self, x):
+            return x + sum(p.reshape(-1)[:1] for p in self.params)
+
+    return ShapesGroup
+
+
+def _per_group_seconds(torch, dist, group, device, make_group, x, resharded: bool, rounds: int, reps: int) -> float:
+    """(t_sharded - t_plain) / GROUPS for a stack of GROUPS groups built by `make_group`, each its
+    own `fully_shard` group under a sharded root, forward + backward of `x` on every rank."""
     from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.fsdp import fully_shard
 
     from planner.calibrate.hardware import now, sync
 
     torch.manual_seed(0)
-    plain = torch.nn.Sequential(*(torch.nn.Linear(width, width, bias=False) for _ in range(GROUPS))).to(device)
-    sharded = torch.nn.Sequential(*(torch.nn.Linear(width, width, bias=False) for _ in range(GROUPS))).to(device)
+    plain = torch.nn.Sequential(*(make_group() for _ in range(GROUPS))).to(device)
+    sharded = torch.nn.Sequential(*(make_group() for _ in range(GROUPS))).to(device)
     mesh = DeviceMesh.from_group(group, device.type)
     for block in sharded:
         fully_shard(block, mesh=mesh, reshard_after_forward=resharded)
     fully_shard(sharded, mesh=mesh, reshard_after_forward=resharded)
-    x = torch.randn(1, width, device=device)
 
     def step(net) -> float:
         dist.barrier(group=group)

@@ -14,7 +14,7 @@ from pydantic import Field
 
 from planner.calibrate.engine_optimizer import EngineOptimizerFit
 from planner.calibrate.fits import AlphaBeta, OptimizerFit, interp_loglog
-from planner.calibrate.fsdp2_collectives import Fsdp2CollectiveFit
+from planner.calibrate.fsdp2_collectives import Fsdp2CollectiveFit, Fsdp2GroupCost
 from planner.calibrate.reuse import ReuseCurve
 from planner.calibrate.shape_gemms import ShapeGemm
 from planner.core.spec import Frozen, GemmPoint
@@ -135,6 +135,10 @@ class HardwareParts(Frozen):
     """FSDP2's per-group cost as FSDP2 calls its collectives (copies, hooks and waits included),
     block and root schedules (planner.calibrate.fsdp2_collectives); empty in an older parts file
     (the predictor then adds the bare collectives, the copies and the hooks)."""
+    fsdp2_groups: tuple[Fsdp2GroupCost, ...] = ()
+    """FSDP2's per-group cost on groups of given models' parameter shapes (a block's, the
+    root's: `fsdp2_collectives.measure_groups`); the predictor uses them for those groups and the
+    width curve (`fsdp2_collectives`) for every other."""
     shape_gemms: tuple[ShapeGemm, ...] = ()
     """GEMMs timed at the shapes and layouts of given models' steps (planner.calibrate.shape_gemms);
     the predictor uses them for those calls and the table for every other."""
@@ -220,6 +224,13 @@ class HardwareParts(Frozen):
         """The FSDP2-as-called part of the schedule on `ranks` ranks (its measured points and
         fit: `fsdp2_collectives.Fsdp2CollectiveFit`), None when not measured."""
         return next((f for f in self.fsdp2_collectives if f.resharded == resharded and f.ranks == ranks), None)
+
+    def fsdp2_group_seconds(self, resharded: bool, ranks: int, shapes) -> float | None:
+        """The measured per-group cost of a group of exactly `shapes` on `ranks` ranks, None when
+        not measured (`fsdp2_groups`)."""
+        key = tuple(tuple(s) for s in shapes)
+        return next((g.seconds for g in self.fsdp2_groups
+                     if g.resharded == resharded and g.ranks == ranks and g.shapes == key), None)
 
     @property
     def where(self) -> str:

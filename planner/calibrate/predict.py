@@ -62,6 +62,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from planner.calibrate.dispatch import op_count
+from planner.calibrate.fsdp2_collectives import group_elements
 from planner.calibrate.fsdp2_overhead import hooks_per_step, step_copies
 from planner.calibrate.models import build_model
 from planner.calibrate.page_faults import step_faults
@@ -355,10 +356,11 @@ def backward_communication_seconds(cfg: StepConfig, parts: HardwareParts, elem_b
     if cfg.strategy in ("ddp", "zero1"):
         ar = parts.collective("all_reduce", cfg.nproc).fit
         return sum(ar.seconds(b) for b in ddp_buckets([n * elem_bytes for n in param_sizes(cfg.model, cfg.seq_len)]))
-    blocks, root = block_param_elements(cfg.model, cfg.seq_len)
     if fsdp2_as_called(cfg, parts):
-        block, root_curve = parts.fsdp2_curve(True, cfg.nproc), parts.fsdp2_curve(False, cfg.nproc)
-        return sum(block.seconds(b * elem_bytes) for b in blocks) + root_curve.seconds(root * elem_bytes)
+        block_shapes, root_shapes = fsdp2_group_shapes(cfg.model, cfg.seq_len)
+        return (sum(fsdp2_group_seconds(parts, True, cfg.nproc, shapes, elem_bytes) for shapes in block_shapes)
+                + fsdp2_group_seconds(parts, False, cfg.nproc, root_shapes, elem_bytes))
+    blocks, root = block_param_elements(cfg.model, cfg.seq_len)
     ag = parts.collective("all_gather", cfg.nproc).fit
     rs = parts.collective("reduce_scatter", cfg.nproc).fit
     seconds = sum(2 * ag.seconds(b * elem_bytes) + rs.seconds(b * elem_bytes) for b in blocks)
@@ -370,6 +372,16 @@ def fsdp2_as_called(cfg: StepConfig, parts: HardwareParts) -> bool:
     fsdp2_collectives): its per-group cost then holds the collectives, copies, hooks and waits."""
     return (cfg.strategy == "fsdp2" and cfg.nproc > 1 and parts.fsdp2_fit(True, cfg.nproc) is not None
             and parts.fsdp2_fit(False, cfg.nproc) is not None)
+
+
+def fsdp2_group_seconds(parts: HardwareParts, resharded: bool, ranks: int, shapes, elem_bytes: int = 4) -> float:
+    """One FSDP2 group's cost as FSDP2 calls its collectives: measured on a group of exactly these
+    parameter shapes when the parts hold it (`HardwareParts.fsdp2_groups`), else the width curve
+    at the group's bytes."""
+    measured = parts.fsdp2_group_seconds(resharded, ranks, shapes)
+    if measured is not None:
+        return measured
+    return parts.fsdp2_curve(resharded, ranks).seconds(group_elements(shapes) * elem_bytes)
 
 
 def fsdp2_group_shapes(model: ModelSpec, seq_len: int) -> tuple[list[list[tuple[int, ...]]], list[tuple[int, ...]]]:
@@ -510,6 +522,29 @@ def predict_step(cfg: StepConfig, parts: HardwareParts) -> Prediction:
                       compute_contention_s=contended_compute_seconds(inv, cfg, parts, faults) - alone,
                       communication_s=communication_seconds(cfg, parts), optimizer_s=optimizer,
                       optimizer_contention_s=optimizer - optimizer_alone)
+
+
+def with_fsdp2_groups(parts: HardwareParts, configs: list[StepConfig], timeout_s: float = 600.0) -> HardwareParts:
+    """`parts` plus FSDP2's per-group cost on every block and root group of the configurations
+    that run FSDP2 on several ranks whose FSDP2-as-called part was measured, each on a probe group
+    of the group's parameter shapes (planner.calibrate.fsdp2_collectives.measure_groups), on as
+    many spawned ranks as the configuration has."""
+    from planner.calibrate.collectives import spawn_fsdp2_groups
+
+    wanted: dict[int, list] = {}
+    for cfg in configs:
+        if not fsdp2_as_called(cfg, parts):
+            continue
+        blocks, root = fsdp2_group_shapes(cfg.model, cfg.seq_len)
+        for resharded, shapes in [(True, b) for b in blocks] + [(False, root)]:
+            key = (resharded, tuple(tuple(s) for s in shapes))
+            if parts.fsdp2_group_seconds(resharded, cfg.nproc, shapes) is None and key not in wanted.setdefault(cfg.nproc, []):
+                wanted[cfg.nproc].append(key)
+    new = []
+    for ranks, groups in wanted.items():
+        new += spawn_fsdp2_groups(ranks, {"threads": parts.threads_per_rank, "device": "cuda" if parts.backend == "nccl" else "cpu",
+                                          "timeout_s": timeout_s, "clock": parts.clock, "groups": groups})
+    return parts.model_copy(update={"fsdp2_groups": parts.fsdp2_groups + tuple(new)})
 
 
 def with_step_shapes(parts: HardwareParts, configs: list[StepConfig], on_done=lambda: None) -> HardwareParts:
