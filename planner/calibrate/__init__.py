@@ -11,8 +11,9 @@ heldout.py (the configurations predicted), procedure.py (pinning and the robust 
 by parts and steps), fsdp2_overhead.py (FSDP2's copies and hooks), dispatch.py (per-op Python +
 autograd overhead), attribution.py (per op class: predicted / alone / in the real step); with
 their torch imports inside functions: shape_gemms.py (GEMMs at a step's shapes and layouts),
-fsdp2_collectives.py (FSDP2's per-group cost as it calls its collectives), reuse.py (memory-bound
-ops timed after D bytes of traffic; reuse distances from the recorded op order), page_faults.py
+fsdp2_collectives.py (FSDP2's per-group cost as it calls its collectives: a width curve, and
+groups of given parameter shapes), reuse.py (memory-bound ops timed after D bytes of traffic;
+reuse distances from the recorded op order), page_faults.py
 (the cost of a page fault; a step's allocation trace replayed through the host's allocator). Torch-free: fits.py (α–β fit and log-log interpolation; the bus
 factors, table look-ups), parts.py (what was measured), profile_file.py (profile YAML, merge,
 lock, atomic write).
