@@ -63,16 +63,18 @@ The sets, reported apart (each a table of rows; `configs` builds them):
   of them was run (4 x 408, 5 x 296, 2 x 904, 3 x 648, 2 x 728, 6 x 248; sequence lengths 220,
   204, 84, 148, 132, 268); evaluated once by three quiet runs with the predictor of 634c07a (page
   faults as a part; NEW 4.1-8.4 % mean, 10.5-18.7 % max) and looked at, so seen now too.
-- `NEW`: fixed and committed 2026-11-28 ~16:15 UTC, before any prediction or measurement of them
-  was run and before any change of that session to the predictor: model widths used by no
-  earlier set (4 x 424, 5 x 264, 2 x 920, 3 x 664, 2 x 744, 6 x 168), sequence lengths none used
-  before (252, 288, 44, 296, 92, 304), micro-batches 2-8, every engine (single, DDP, FSDP2
+- `SEEN_15`: fixed and committed 2026-11-28 ~16:06 UTC, before any prediction or measurement
+  of them was run (4 x 424, 5 x 264, 2 x 920, 3 x 664, 2 x 744, 6 x 168; sequence lengths 252,
+  288, 44, 296, 92, 304); evaluated once by three quiet runs with the predictor of 9b3a743 (FSDP2
+  groups timed at their own parameter shapes; NEW 3.3-6.1 % mean, 5.7-15.4 % max) and looked at,
+  so seen now too.
+- `NEW`: fixed and committed 2026-11-28 ~17:25 UTC, before any prediction or measurement of them
+  was run and before the change of that session it will evaluate: model widths used by no
+  earlier set (4 x 472, 5 x 456, 2 x 936, 3 x 568, 2 x 760, 6 x 152), sequence lengths none used
+  before (308, 316, 36, 324, 328, 312), micro-batches 2-8, every engine (single, DDP, FSDP2
   twice, ZeRO-1 twice). The process counts stay 1 and 2: the machine has 2 cores, a third rank
   would share a core and time the scheduler. Their errors are the out-of-sample figure; nothing
-  in the predictor may be changed after looking at them (changes go into a new set). Evaluated
-  once, 2026-11-28 16:58-17:16 UTC, three quiet runs with the predictor of 9b3a743 (FSDP2 groups
-  timed at their own parameter shapes; NEW 3.3-6.1 % mean, 5.7-15.4 % max; docs/calibrate.md),
-  so the next change needs a sixteenth set.
+  in the predictor may be changed after looking at them (changes go into a new set).
 """
 
 from __future__ import annotations
@@ -157,6 +159,12 @@ H920 = {"layers": 2, "hidden": 920, "heads": 8, "ffn": 3680, "vocab": 1088}
 H664 = {"layers": 3, "hidden": 664, "heads": 8, "ffn": 2656, "vocab": 2112}
 H744 = {"layers": 2, "hidden": 744, "heads": 8, "ffn": 2976, "vocab": 2816}
 H168 = {"layers": 6, "hidden": 168, "heads": 8, "ffn": 672, "vocab": 1984}
+H472 = {"layers": 4, "hidden": 472, "heads": 8, "ffn": 1888, "vocab": 2176}
+H456 = {"layers": 5, "hidden": 456, "heads": 8, "ffn": 1824, "vocab": 2048}
+H936 = {"layers": 2, "hidden": 936, "heads": 8, "ffn": 3744, "vocab": 1216}
+H568 = {"layers": 3, "hidden": 568, "heads": 8, "ffn": 2272, "vocab": 2496}
+H760 = {"layers": 2, "hidden": 760, "heads": 8, "ffn": 3040, "vocab": 2752}
+H152 = {"layers": 6, "hidden": 152, "heads": 8, "ffn": 608, "vocab": 1856}
 
 
 Row = tuple[str, dict[str, int], int, int, Strategy]
@@ -295,7 +303,7 @@ SEEN_14: tuple[Row, ...] = (
 )
 """SEEN-14: the held-out six committed 2026-11-28 ~13:30 UTC (evaluated the same day, so seen now)."""
 
-NEW: tuple[Row, ...] = (
+SEEN_15: tuple[Row, ...] = (
     ("h424 s252 b2", H424, 252, 2, "single"),
     ("h264 s288 b3 DDP", H264, 288, 3, "ddp"),
     ("h920 s44 b2 FSDP2", H920, 44, 2, "fsdp2"),
@@ -303,10 +311,21 @@ NEW: tuple[Row, ...] = (
     ("h744 s92 b3 ZeRO-1", H744, 92, 3, "zero1"),
     ("h168 s304 b8 ZeRO-1", H168, 304, 8, "zero1"),
 )
+"""SEEN-15: the held-out six committed 2026-11-28 ~16:06 UTC (evaluated the same day, so seen now)."""
+
+NEW: tuple[Row, ...] = (
+    ("h472 s308 b2", H472, 308, 2, "single"),
+    ("h456 s316 b3 DDP", H456, 316, 3, "ddp"),
+    ("h936 s36 b3 FSDP2", H936, 36, 3, "fsdp2"),
+    ("h568 s324 b2 FSDP2", H568, 324, 2, "fsdp2"),
+    ("h760 s328 b2 ZeRO-1", H760, 328, 2, "zero1"),
+    ("h152 s312 b8 ZeRO-1", H152, 312, 8, "zero1"),
+)
 """NEW (out-of-sample): six configurations none of which had been run when they were committed."""
 
 SEEN: tuple[tuple[Row, ...], ...] = (SEEN_1, SEEN_2, SEEN_3, SEEN_4, SEEN_5, SEEN_6, SEEN_7, SEEN_8,
-                                      SEEN_9, SEEN_10, SEEN_11, SEEN_12, SEEN_13, SEEN_14)
+                                      SEEN_9, SEEN_10, SEEN_11, SEEN_12, SEEN_13, SEEN_14,
+                                      SEEN_15)
 """Every set whose errors have been looked at, in the order they were committed."""
 
 
@@ -329,7 +348,7 @@ def step_configs(base: ModelSpec, nproc: int) -> list[StepConfig]:
 
 
 def seen_configs(base: ModelSpec, nproc: int) -> list[StepConfig]:
-    """Every configuration whose errors have been looked at: SEEN-1 to SEEN-14."""
+    """Every configuration whose errors have been looked at: SEEN-1 to SEEN-15."""
     return [config for rows in SEEN for config in configs(rows, base, nproc)]
 
 
