@@ -101,3 +101,31 @@ def test_the_predictor_adds_faulted_pages_times_their_cost(monkeypatch) -> None:
     slow, slow_bare = (predict.predict_step(cfg, p) for p in (block, block.model_copy(update={"fault_s_per_page": None})))
     assert slow.compute_s - slow_bare.compute_s == pytest.approx(1.1 * 2e-3, rel=1e-9)
     assert slow.compute_contention_s - slow_bare.compute_contention_s == pytest.approx(0.1 * 2e-3, rel=1e-9)
+
+
+def test_step_faults_is_the_mean_over_the_pooled_steps_of_six_processes(monkeypatch) -> None:
+    """Six replay processes of two steps each ([forward + backward, optimizer] pages), alternating
+    between a 100-page and a 1000-page pattern: forward + backward (6 x 100 + 6 x 1000) / 12 = 550,
+    optimizer (6 x 1 + 6 x 3) / 12 = 2. With three processes (100, 1000, 100) the mean is
+    (4 x 100 + 2 x 1000) / 6 = 400 and the optimizer (4 + 6) / 6 = 5/3, where the median
+    would say 100."""
+    from planner.calibrate import page_faults
+
+    calls = []
+
+    def replay(trace):
+        calls.append(trace)
+        odd = len(calls) % 2 == 0
+        return [[1000, 3], [1000, 3]] if odd else [[100, 1], [100, 1]]
+
+    monkeypatch.setattr(page_faults, "allocation_trace", lambda *a: "trace")
+    monkeypatch.setattr(page_faults, "replay_faults", replay)
+    page_faults.step_faults.cache_clear()
+    try:
+        assert page_faults.step_faults("model", 8, 1) == (550.0, 2.0)
+        assert calls == ["trace"] * 6 == ["trace"] * page_faults.REPLAY_PROCESSES
+        calls.clear()
+        monkeypatch.setattr(page_faults, "REPLAY_PROCESSES", 3)
+        assert page_faults.step_faults("model", 8, 2) == (400.0, pytest.approx(5 / 3))
+    finally:
+        page_faults.step_faults.cache_clear()
