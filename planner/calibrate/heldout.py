@@ -68,13 +68,16 @@ The sets, reported apart (each a table of rows; `configs` builds them):
   288, 44, 296, 92, 304); evaluated once by three quiet runs with the predictor of 9b3a743 (FSDP2
   groups timed at their own parameter shapes; NEW 3.3-6.1 % mean, 5.7-15.4 % max) and looked at,
   so seen now too.
-- `NEW`: fixed and committed 2026-11-28 ~17:25 UTC, before any prediction or measurement of them
+- `NEW`: fixed and committed 2026-11-28 ~17:20 UTC, before any prediction or measurement of them
   was run and before the change of that session it will evaluate: model widths used by no
   earlier set (4 x 472, 5 x 456, 2 x 936, 3 x 568, 2 x 760, 6 x 152), sequence lengths none used
   before (308, 316, 36, 324, 328, 312), micro-batches 2-8, every engine (single, DDP, FSDP2
   twice, ZeRO-1 twice). The process counts stay 1 and 2: the machine has 2 cores, a third rank
   would share a core and time the scheduler. Their errors are the out-of-sample figure; nothing
-  in the predictor may be changed after looking at them (changes go into a new set).
+  in the predictor may be changed after looking at them (changes go into a new set). Evaluated
+  once, 2026-11-28 17:41-18:01 UTC, three quiet runs with the predictor of 0ac99e7 (the
+  page-fault replay's mean over six processes; NEW 7.4-9.1 % mean, 17.4-24.2 % max;
+  docs/calibrate.md), so the next change needs a seventeenth set.
 """
 
 from __future__ import annotations
