@@ -167,6 +167,31 @@ def test_fsdp2_groups_measured_at_their_shapes_replace_the_curve_by_hand() -> No
     assert parts.fsdp2_group_seconds(True, 2, root) is None
 
 
+def test_with_fsdp2_groups_asks_for_each_unmeasured_group_once(monkeypatch) -> None:
+    """Two FSDP2 rows of one model and a DDP row: the model's two identical blocks are one group
+    on the block schedule, its root one on the root's; a group the parts already hold is not
+    asked for again; the DDP row asks for nothing."""
+    from planner.calibrate import collectives, predict
+
+    spec = scaled_model(load_model("gpt2"), layers=2, hidden=8, heads=2, ffn=32, vocab=10, kv_heads=None)
+    rows = [StepConfig(name=n, model=spec, seq_len=4, micro_batch=1, strategy=s, nproc=2)
+            for n, s in (("a", "fsdp2"), ("b", "fsdp2"), ("c", "ddp"))]
+    blocks, root = fsdp2_group_shapes(spec, 4)
+    asked = []
+
+    def spawn(ranks, cfg):
+        asked.append((ranks, cfg["groups"]))
+        return [fsdp2_collectives.Fsdp2GroupCost(resharded=r, ranks=ranks, shapes=sh, seconds=1.0) for r, sh in cfg["groups"]]
+
+    monkeypatch.setattr(collectives, "spawn_fsdp2_groups", spawn)
+    parts = predict.with_fsdp2_groups(_fsdp2_parts(), rows)
+    assert asked == [(2, [(True, tuple(blocks[0])), (False, tuple(root))])]
+    assert len(parts.fsdp2_groups) == 2
+    asked.clear()
+    again = predict.with_fsdp2_groups(parts.model_copy(update={"fsdp2_groups": parts.fsdp2_groups[:1]}), rows)
+    assert asked == [(2, [(False, tuple(root))])] and len(again.fsdp2_groups) == 2
+
+
 def test_fsdp2_group_probe_on_two_real_ranks() -> None:
     """Two spawned gloo ranks time a probe group of given shapes on both schedules (every rank
     runs FSDP2 itself); the figures are positive and the shapes come back as asked."""

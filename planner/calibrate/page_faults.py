@@ -48,7 +48,7 @@ REPLAY_PROCESSES = 6
 medians of 16 steps 26k, 29k, 26k, 58k pages in four processes; the real steps of one
 configuration vary alike, 19k-90k per step), and which pattern a training process meets is a
 draw; the figure is the mean over the pooled steps of six processes, the expected pages per step.
-(Until 2026-11-28 17:45 UTC the median of three: it followed whichever pattern two of three
+(Until 2026-11-28 17:41 UTC the median of three: it followed whichever pattern two of three
 processes met, so one configuration read 5k or 29k pages from one replay to the next. SEEN
 decision, criterion fixed before looking, 77 rows against the measured steps of 16:30-16:51 UTC,
 one set of six replays per row: median of 3 -> mean of 6 took the mean |error| 5.54 -> 5.05 %

@@ -531,15 +531,16 @@ def with_fsdp2_groups(parts: HardwareParts, configs: list[StepConfig], timeout_s
     many spawned ranks as the configuration has."""
     from planner.calibrate.collectives import spawn_fsdp2_groups
 
-    wanted: dict[int, list] = {}
+    wanted: dict[int, list] = {}  # ranks -> the (resharded, shapes) groups not measured yet
     for cfg in configs:
         if not fsdp2_as_called(cfg, parts):
             continue
         blocks, root = fsdp2_group_shapes(cfg.model, cfg.seq_len)
+        groups = wanted.setdefault(cfg.nproc, [])
         for resharded, shapes in [(True, b) for b in blocks] + [(False, root)]:
             key = (resharded, tuple(tuple(s) for s in shapes))
-            if parts.fsdp2_group_seconds(resharded, cfg.nproc, shapes) is None and key not in wanted.setdefault(cfg.nproc, []):
-                wanted[cfg.nproc].append(key)
+            if key not in groups and parts.fsdp2_group_seconds(resharded, cfg.nproc, shapes) is None:
+                groups.append(key)
     new = []
     for ranks, groups in wanted.items():
         new += spawn_fsdp2_groups(ranks, {"threads": parts.threads_per_rank, "device": "cuda" if parts.backend == "nccl" else "cpu",
