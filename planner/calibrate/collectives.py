@@ -235,7 +235,10 @@ def close(finished: bool) -> None:
     exception', SIGABRT) when a peer closes its connections while this rank's last collective
     is still draining them (seen under torchrun and spawn in CI); so when every rank finished its
     work (`finished`) they meet in a barrier first. After a failure no barrier: a peer may be
-    gone, and the barrier would hang until the timeout."""
+    gone, and the barrier would hang until the timeout. Garbage is collected first: FSDP2's module
+    states hold reference cycles, and collected after the group is gone they made gloo abort the
+    rank the same way (the FSDP2 group probe, every time in a script)."""
+    gc.collect()
     if finished:
         dist.barrier()
     dist.destroy_process_group()
@@ -248,17 +251,24 @@ def rank_device(local_rank: int, want: str) -> torch.device:
     return torch.device("cpu")
 
 
-def spawned_worker(rank: int, world: int, store_dir: str, cfg: dict) -> None:
-    """One spawned rank: time the collectives; rank 0 writes `fits.json`, a failing rank writes
-    `error-rank{r}.json`."""
+def _start_rank(rank: int, world: int, store_dir: str, cfg: dict) -> torch.device:
+    """A spawned rank's set-up: its device, pinned to its cores with the parts' threads and clock,
+    in the process group."""
     import warnings
 
     warnings.simplefilter("ignore", FutureWarning)  # all_gather_into_tensor's rename notice
     device = rank_device(rank, cfg["device"])
     pin(rank, cfg["threads"], device.type)  # before gloo starts its threads: they inherit the mask
     torch.set_num_threads(cfg["threads"])
-    use_clock(cfg.get("clock", "wall"))  # the contention probes time with the parts' clock
+    use_clock(cfg.get("clock", "wall"))  # the probes time with the parts' clock
     init("nccl" if device.type == "cuda" else "gloo", cfg["timeout_s"], rank, world, store_dir)
+    return device
+
+
+def spawned_worker(rank: int, world: int, store_dir: str, cfg: dict) -> None:
+    """One spawned rank: time the collectives; rank 0 writes `fits.json`, a failing rank writes
+    `error-rank{r}.json`."""
+    device = _start_rank(rank, world, store_dir, cfg)
     finished = False
     try:
         stall = cfg["stall_s"] if rank == cfg.get("stall_rank") else 0.0
@@ -331,39 +341,37 @@ def spawn_collectives(nproc: int, cfg: dict) -> tuple[list[CollectiveFit], list[
     """Run the collectives, the contention probes, the FSDP2 probe and the engine optimizer probe
     on `nproc` local processes;
     a failed collective is an input error naming the op, or a timeout naming --timeout-s."""
+    if nproc < 2:
+        return [], [], [], []
+    out = _spawn(spawned_worker, nproc, cfg, "fits.json")
+    return ([CollectiveFit.model_validate(f) for f in out["collectives"]],
+            [ContentionPoint.model_validate(c) for c in out["contention"]],
+            [Fsdp2CollectiveFit.model_validate(f) for f in out.get("fsdp2", [])],
+            [EngineOptimizerFit.model_validate(f) for f in out.get("engine_optimizers", [])])
+
+
+def _spawn(worker, nproc: int, cfg: dict, result_name: str):
+    """`worker(rank, nproc, store_dir, cfg)` on `nproc` spawned processes meeting in a temporary
+    directory; the JSON rank 0 wrote there as `result_name`, or the failure a rank reported."""
     import tempfile
 
     import torch.multiprocessing as mp
     from torch.multiprocessing.spawn import ProcessException
 
-    if nproc < 2:
-        return [], [], [], []
-    with tempfile.TemporaryDirectory(prefix="zplan-coll-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="zplan-ranks-") as tmp:
         try:
-            mp.spawn(spawned_worker, args=(nproc, tmp, cfg), nprocs=nproc, join=True)
+            mp.spawn(worker, args=(nproc, tmp, cfg), nprocs=nproc, join=True)
         except ProcessException:
             raise _failure(Path(tmp), cfg["timeout_s"]) from None
-        out = json.loads(Path(tmp, "fits.json").read_text())
-        return ([CollectiveFit.model_validate(f) for f in out["collectives"]],
-                [ContentionPoint.model_validate(c) for c in out["contention"]],
-                [Fsdp2CollectiveFit.model_validate(f) for f in out.get("fsdp2", [])],
-                [EngineOptimizerFit.model_validate(f) for f in out.get("engine_optimizers", [])])
+        return json.loads(Path(tmp, result_name).read_text())
 
 
 def fsdp2_groups_worker(rank: int, world: int, store_dir: str, cfg: dict) -> None:
     """One spawned rank of `spawn_fsdp2_groups`: rank 0 writes `groups.json`."""
-    import warnings
-
-    warnings.simplefilter("ignore", FutureWarning)
-    device = rank_device(rank, cfg["device"])
-    pin(rank, cfg["threads"], device.type)  # before gloo starts its threads: they inherit the mask
-    torch.set_num_threads(cfg["threads"])
-    use_clock(cfg.get("clock", "wall"))
-    init("nccl" if device.type == "cuda" else "gloo", cfg["timeout_s"], rank, world, store_dir)
+    device = _start_rank(rank, world, store_dir, cfg)
     finished = False
     try:
         costs = measure_groups(dist.group.WORLD, device, cfg["groups"])
-        gc.collect()  # FSDP2 states hold reference cycles: collected after the group is gone, gloo aborts the rank
         if rank == 0:
             Path(store_dir, "groups.json").write_text(json.dumps([c.model_dump() for c in costs]))
         finished = True
@@ -377,19 +385,9 @@ def fsdp2_groups_worker(rank: int, world: int, store_dir: str, cfg: dict) -> Non
 def spawn_fsdp2_groups(nproc: int, cfg: dict) -> list[Fsdp2GroupCost]:
     """FSDP2's per-group cost on the (resharded, shapes) groups `cfg["groups"]`
     (fsdp2_collectives.measure_groups) on `nproc` local processes."""
-    import tempfile
-
-    import torch.multiprocessing as mp
-    from torch.multiprocessing.spawn import ProcessException
-
     if nproc < 2 or not cfg["groups"]:
         return []
-    with tempfile.TemporaryDirectory(prefix="zplan-fsdp2-") as tmp:
-        try:
-            mp.spawn(fsdp2_groups_worker, args=(nproc, tmp, cfg), nprocs=nproc, join=True)
-        except ProcessException:
-            raise _failure(Path(tmp), cfg["timeout_s"]) from None
-        return [Fsdp2GroupCost.model_validate(c) for c in json.loads(Path(tmp, "groups.json").read_text())]
+    return [Fsdp2GroupCost.model_validate(c) for c in _spawn(fsdp2_groups_worker, nproc, cfg, "groups.json")]
 
 
 def _failure(tmp: Path, timeout_s: float) -> Exception:

@@ -310,10 +310,8 @@ def param_sizes(model: ModelSpec, seq_len: int) -> list[int]:
 
 def block_param_elements(model: ModelSpec, seq_len: int) -> tuple[list[int], int]:
     """(elements of each block, elements outside the blocks: the FSDP2 root's)."""
-    with torch.device("meta"):
-        net = build_model(model, seq_len)
-    blocks = [sum(p.numel() for p in b.parameters()) for b in net.blocks]
-    return blocks, sum(p.numel() for p in net.parameters()) - sum(blocks)
+    blocks, root = fsdp2_group_shapes(model, seq_len)
+    return [group_elements(b) for b in blocks], group_elements(root)
 
 
 def ddp_buckets(sizes_bytes: list[int]) -> list[int]:
