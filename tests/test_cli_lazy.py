@@ -91,12 +91,44 @@ def test_numpy_commands_start_no_blas_worker_threads():
     assert _blas_after(["check", str(JOB)], {"OPENBLAS_NUM_THREADS": "2"}) == ("2", 2)
 
 
-def test_calibrate_keeps_the_blas_thread_count(monkeypatch):
-    """`calibrate` runs torch, whose CPU GEMMs may go through OpenBLAS: no thread count is set."""
-    from planner.cli.app import one_blas_thread
+def test_calibrate_keeps_the_blas_thread_count_and_its_collector(monkeypatch):
+    """`calibrate` runs torch, whose CPU GEMMs may go through OpenBLAS and whose training steps
+    make reference cycles holding tensors: no thread count is set and the cyclic collector
+    stays on. A numpy-only command gets one BLAS thread and no collector (restored here: this
+    test runs inside pytest's process)."""
+    import gc
+
+    from planner.cli.app import numpy_command_settings
 
     monkeypatch.delenv("OPENBLAS_NUM_THREADS", raising=False)
-    one_blas_thread(["--debug", "calibrate", "hardware", "--nproc", "2"])
-    assert "OPENBLAS_NUM_THREADS" not in os.environ
-    one_blas_thread(["--debug", "sweep", "--model", "gpt2"])
-    assert os.environ["OPENBLAS_NUM_THREADS"] == "1"
+    assert gc.isenabled()
+    try:
+        assert numpy_command_settings(["--debug", "calibrate", "hardware", "--nproc", "2"]) is False
+        assert "OPENBLAS_NUM_THREADS" not in os.environ and gc.isenabled()
+        assert numpy_command_settings(["--debug", "sweep", "--model", "gpt2"]) is True
+        assert os.environ["OPENBLAS_NUM_THREADS"] == "1"
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+
+
+@pytest.mark.cli
+def test_a_numpy_command_leaves_its_objects_frozen_and_the_collector_on():
+    """After a numpy-only command the objects are frozen (the interpreter's shutdown does not
+    traverse them) and a caller that catches SystemExit has its collector back; `calibrate`
+    (here its help: no torch run) freezes nothing."""
+    def after(argv: list[str]) -> tuple[bool, bool]:
+        code = ("import gc, sys\n"
+                "from planner.cli.app import main\n"
+                "try:\n"
+                f"    main({argv!r})\n"
+                "except SystemExit:\n"
+                "    pass\n"
+                "sys.__stderr__.write(repr((gc.isenabled(), gc.get_freeze_count() > 0)))\n")
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                              cwd=PACKAGE_PARENT, env={"PATH": "", "COLUMNS": "100",
+                                                       "PYTHONPATH": str(PACKAGE_PARENT)})
+        return ast.literal_eval(proc.stderr.strip().splitlines()[-1])
+
+    assert after(["check", str(JOB)]) == (True, True)
+    assert after(["calibrate", "--help"]) == (True, False)

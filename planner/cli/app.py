@@ -12,6 +12,7 @@ for importing the sweep or the calibration harness, and `zplan --help` imports n
 
 from __future__ import annotations
 
+import gc
 import importlib
 import os
 import sys
@@ -195,25 +196,47 @@ TORCH_COMMANDS = frozenset({"calibrate"})
 """The commands that run torch (planner.calibrate); every other command runs numpy only."""
 
 
-def one_blas_thread(argv: list[str]) -> None:
-    """Ask numpy's OpenBLAS for one thread, before numpy is imported, unless the command runs
-    torch or the user chose a count. The planner calls no BLAS routine (no matmul, no linalg
-    outside planner.calibrate), but OpenBLAS starts a worker thread per core when it loads, and
-    the workers spin while the main thread imports: on the 2-core machine of docs/cli_latency.md
-    `import numpy` took 0.10 s CPU (user + system) with them and 0.05-0.06 s without, 0.06 s
-    wall either way on an idle machine; where the cores are busy the spinning worker takes the
-    command's own time. Not for `calibrate`: the variable would reach every BLAS
-    the process and its rank processes load (OpenBLAS-based torch builds would time their CPU
-    GEMMs on one thread)."""
+def numpy_command_settings(argv: list[str]) -> bool:
+    """Settle the process for a command that runs numpy only (every command but `calibrate`);
+    True if it did. docs/cli_latency.md gives the measurements.
+
+    - OPENBLAS_NUM_THREADS=1, before numpy is imported. The planner calls no BLAS routine (no
+      matmul, no linalg outside planner.calibrate), but OpenBLAS starts a worker thread per core
+      when it loads, and the workers spin while the main thread imports: `import numpy` took
+      0.10 s CPU with them and 0.05-0.06 s without on the 2-core machine of the benchmark.
+      Set only when the user has not set it.
+    - No cyclic garbage collection (`gc.disable()`; reference counting still frees every object
+      not in a cycle, and the planner's work makes few cycles: the largest sweep's peak memory
+      is the same either way). Importing creates many container objects and the collector's
+      passes over them cost `fit` some 10 ms; at exit the objects are frozen (`gc.freeze()`,
+      in `main`) so that the interpreter's shutdown does not traverse them all again (some
+      25 ms).
+
+    Not for `calibrate`: the thread count would reach every BLAS the process and its rank
+    processes load (OpenBLAS-based torch builds would time their CPU GEMMs on one thread), and
+    its torch training steps make reference cycles that hold tensors (FSDP2 among them)."""
     command = next((arg for arg in argv if not arg.startswith("-")), None)
-    if command not in TORCH_COMMANDS:
-        os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+    if command in TORCH_COMMANDS:
+        return False
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+    gc.disable()
+    return True
 
 
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry point: the exit-code contract above, never a bare traceback."""
     args = sys.argv[1:] if argv is None else argv
-    one_blas_thread(args)
+    numpy_only = numpy_command_settings(args)
+    try:
+        _main(args)
+    finally:
+        if numpy_only:  # shutdown need not traverse every object; a caller of main() that
+            gc.freeze()  # catches SystemExit gets its collector back
+            gc.enable()
+
+
+def _main(args: list[str]) -> None:
+    """Run the command; every way out is `sys.exit` with a code of the contract above."""
     if sys.stdout is None:  # started with fd 1 closed (`zplan ... >&-`)
         print("zplan: error: standard output is closed; redirect it (e.g. > /dev/null)", file=sys.stderr)
         sys.exit(EXIT_OUTPUT)

@@ -29,9 +29,9 @@ def human_console() -> Console:
     """The console for results people read: stdout (`zplan fit > plan.txt`, `| less`)."""
     from rich.console import Console
 
-    console = Console(highlight=False, soft_wrap=False)
+    console = Console(highlight=False, soft_wrap=False, emoji=False)  # no :name: codes printed
     if not console.is_terminal and "COLUMNS" not in os.environ:
-        console = Console(highlight=False, soft_wrap=False, width=PIPE_WIDTH)
+        console.width = PIPE_WIDTH
     return console
 
 
@@ -39,7 +39,7 @@ def progress_console() -> Console:
     """The console for progress bars and diagnostics: stderr, so stdout holds only results."""
     from rich.console import Console
 
-    return Console(stderr=True, highlight=False, soft_wrap=False)
+    return Console(stderr=True, highlight=False, soft_wrap=False, emoji=False)
 
 
 def fmt_bytes(n_bytes: float) -> str:
