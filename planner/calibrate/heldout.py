@@ -68,16 +68,20 @@ The sets, reported apart (each a table of rows; `configs` builds them):
   288, 44, 296, 92, 304); evaluated once by three quiet runs with the predictor of 9b3a743 (FSDP2
   groups timed at their own parameter shapes; NEW 3.3-6.1 % mean, 5.7-15.4 % max) and looked at,
   so seen now too.
-- `NEW`: fixed and committed 2026-11-28 ~17:20 UTC, before any prediction or measurement of them
+- `SEEN_16`: fixed and committed 2026-11-28 ~17:20 UTC, before any prediction or measurement
+  of them was run (4 x 472, 5 x 456, 2 x 936, 3 x 568, 2 x 760, 6 x 152; sequence lengths 308,
+  316, 36, 324, 328, 312); evaluated once by three quiet runs with the predictor of 0ac99e7 (the
+  page-fault replay's mean over six processes; NEW 7.4-9.1 % mean, 17.4-24.2 % max) and looked
+  at, so seen now too.
+- `NEW`: fixed and committed 2026-11-28 ~19:15 UTC, before any prediction or measurement of them
   was run and before the change of that session it will evaluate: model widths used by no
-  earlier set (4 x 472, 5 x 456, 2 x 936, 3 x 568, 2 x 760, 6 x 152), sequence lengths none used
-  before (308, 316, 36, 324, 328, 312), micro-batches 2-8, every engine (single, DDP, FSDP2
-  twice, ZeRO-1 twice). The process counts stay 1 and 2: the machine has 2 cores, a third rank
-  would share a core and time the scheduler. Their errors are the out-of-sample figure; nothing
-  in the predictor may be changed after looking at them (changes go into a new set). Evaluated
-  once, 2026-11-28 17:41-18:01 UTC, three quiet runs with the predictor of 0ac99e7 (the
-  page-fault replay's mean over six processes; NEW 7.4-9.1 % mean, 17.4-24.2 % max;
-  docs/calibrate.md), so the next change needs a seventeenth set.
+  earlier set (4 x 488, 5 x 520, 2 x 952, 3 x 584, 2 x 776, 6 x 144), sequence lengths none used
+  before (218, 270, 32, 336, 162, 332: every multiple of 4 from 36 to 328 is taken, so three are
+  not multiples of 4 and three lie outside that range), micro-batches 2-8, every engine (single,
+  DDP, FSDP2 twice, ZeRO-1 twice). The process counts stay 1 and 2: the machine has 2 cores, a
+  third rank would share a core and time the scheduler. Their errors are the out-of-sample
+  figure; nothing in the predictor may be changed after looking at them (changes go into a new
+  set).
 """
 
 from __future__ import annotations
@@ -168,6 +172,12 @@ H936 = {"layers": 2, "hidden": 936, "heads": 8, "ffn": 3744, "vocab": 1216}
 H568 = {"layers": 3, "hidden": 568, "heads": 8, "ffn": 2272, "vocab": 2496}
 H760 = {"layers": 2, "hidden": 760, "heads": 8, "ffn": 3040, "vocab": 2752}
 H152 = {"layers": 6, "hidden": 152, "heads": 8, "ffn": 608, "vocab": 1856}
+H488 = {"layers": 4, "hidden": 488, "heads": 8, "ffn": 1952, "vocab": 2304}
+H520 = {"layers": 5, "hidden": 520, "heads": 8, "ffn": 2080, "vocab": 1920}
+H952 = {"layers": 2, "hidden": 952, "heads": 8, "ffn": 3808, "vocab": 1088}
+H584 = {"layers": 3, "hidden": 584, "heads": 8, "ffn": 2336, "vocab": 2624}
+H776 = {"layers": 2, "hidden": 776, "heads": 8, "ffn": 3104, "vocab": 2560}
+H144 = {"layers": 6, "hidden": 144, "heads": 8, "ffn": 576, "vocab": 1728}
 
 
 Row = tuple[str, dict[str, int], int, int, Strategy]
@@ -316,7 +326,7 @@ SEEN_15: tuple[Row, ...] = (
 )
 """SEEN-15: the held-out six committed 2026-11-28 ~16:06 UTC (evaluated the same day, so seen now)."""
 
-NEW: tuple[Row, ...] = (
+SEEN_16: tuple[Row, ...] = (
     ("h472 s308 b2", H472, 308, 2, "single"),
     ("h456 s316 b3 DDP", H456, 316, 3, "ddp"),
     ("h936 s36 b3 FSDP2", H936, 36, 3, "fsdp2"),
@@ -324,11 +334,21 @@ NEW: tuple[Row, ...] = (
     ("h760 s328 b2 ZeRO-1", H760, 328, 2, "zero1"),
     ("h152 s312 b8 ZeRO-1", H152, 312, 8, "zero1"),
 )
+"""SEEN-16: the held-out six committed 2026-11-28 ~17:20 UTC (evaluated the same day, so seen now)."""
+
+NEW: tuple[Row, ...] = (
+    ("h488 s218 b2", H488, 218, 2, "single"),
+    ("h520 s270 b3 DDP", H520, 270, 3, "ddp"),
+    ("h952 s32 b3 FSDP2", H952, 32, 3, "fsdp2"),
+    ("h584 s336 b2 FSDP2", H584, 336, 2, "fsdp2"),
+    ("h776 s162 b2 ZeRO-1", H776, 162, 2, "zero1"),
+    ("h144 s332 b8 ZeRO-1", H144, 332, 8, "zero1"),
+)
 """NEW (out-of-sample): six configurations none of which had been run when they were committed."""
 
 SEEN: tuple[tuple[Row, ...], ...] = (SEEN_1, SEEN_2, SEEN_3, SEEN_4, SEEN_5, SEEN_6, SEEN_7, SEEN_8,
                                       SEEN_9, SEEN_10, SEEN_11, SEEN_12, SEEN_13, SEEN_14,
-                                      SEEN_15)
+                                      SEEN_15, SEEN_16)
 """Every set whose errors have been looked at, in the order they were committed."""
 
 
@@ -351,7 +371,7 @@ def step_configs(base: ModelSpec, nproc: int) -> list[StepConfig]:
 
 
 def seen_configs(base: ModelSpec, nproc: int) -> list[StepConfig]:
-    """Every configuration whose errors have been looked at: SEEN-1 to SEEN-15."""
+    """Every configuration whose errors have been looked at: SEEN-1 to SEEN-16."""
     return [config for rows in SEEN for config in configs(rows, base, nproc)]
 
 
