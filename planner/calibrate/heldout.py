@@ -73,15 +73,17 @@ The sets, reported apart (each a table of rows; `configs` builds them):
   316, 36, 324, 328, 312); evaluated once by three quiet runs with the predictor of 0ac99e7 (the
   page-fault replay's mean over six processes; NEW 7.4-9.1 % mean, 17.4-24.2 % max) and looked
   at, so seen now too.
-- `NEW`: fixed and committed 2026-11-28 ~19:15 UTC, before any prediction or measurement of them
-  was run and before the change of that session it will evaluate: model widths used by no
-  earlier set (4 x 488, 5 x 520, 2 x 952, 3 x 584, 2 x 776, 6 x 144), sequence lengths none used
-  before (218, 270, 32, 336, 162, 332: every multiple of 4 from 36 to 328 is taken, so three are
-  not multiples of 4 and three lie outside that range), micro-batches 2-8, every engine (single,
-  DDP, FSDP2 twice, ZeRO-1 twice). The process counts stay 1 and 2: the machine has 2 cores, a
-  third rank would share a core and time the scheduler. Their errors are the out-of-sample
-  figure; nothing in the predictor may be changed after looking at them (changes go into a new
-  set).
+- `SEEN_17`: fixed and committed 2026-11-28 ~19:12 UTC, before any prediction or measurement
+  of them was run (4 x 488, 5 x 520, 2 x 952, 3 x 584, 2 x 776, 6 x 144; sequence lengths 218,
+  270, 32, 336, 162, 332); evaluated once by three quiet runs with the predictor of 716494f
+  unchanged (NEW 2.0-4.7 % mean, 4.3-14.0 % max) and looked at, so seen now too.
+- `NEW`: fixed and committed 2026-11-28 ~19:55 UTC, before any prediction or measurement of them
+  was run and before any change it will evaluate: model widths used by no earlier set (4 x 504,
+  5 x 536, 2 x 944, 3 x 552, 2 x 792, 6 x 136), sequence lengths none used before (242, 194,
+  28, 306, 138, 340), micro-batches 2-8, every engine (single, DDP, FSDP2 twice, ZeRO-1 twice).
+  The process counts stay 1 and 2: the machine has 2 cores, a third rank would share a core and
+  time the scheduler. Their errors are the out-of-sample figure; nothing in the predictor may be
+  changed after looking at them (changes go into a new set).
 """
 
 from __future__ import annotations
@@ -178,6 +180,12 @@ H952 = {"layers": 2, "hidden": 952, "heads": 8, "ffn": 3808, "vocab": 1088}
 H584 = {"layers": 3, "hidden": 584, "heads": 8, "ffn": 2336, "vocab": 2624}
 H776 = {"layers": 2, "hidden": 776, "heads": 8, "ffn": 3104, "vocab": 2560}
 H144 = {"layers": 6, "hidden": 144, "heads": 8, "ffn": 576, "vocab": 1728}
+H504 = {"layers": 4, "hidden": 504, "heads": 8, "ffn": 2016, "vocab": 2112}
+H536 = {"layers": 5, "hidden": 536, "heads": 8, "ffn": 2144, "vocab": 1792}
+H944 = {"layers": 2, "hidden": 944, "heads": 8, "ffn": 3776, "vocab": 1152}
+H552 = {"layers": 3, "hidden": 552, "heads": 8, "ffn": 2208, "vocab": 2688}
+H792 = {"layers": 2, "hidden": 792, "heads": 8, "ffn": 3168, "vocab": 2432}
+H136 = {"layers": 6, "hidden": 136, "heads": 8, "ffn": 544, "vocab": 1664}
 
 
 Row = tuple[str, dict[str, int], int, int, Strategy]
@@ -336,7 +344,7 @@ SEEN_16: tuple[Row, ...] = (
 )
 """SEEN-16: the held-out six committed 2026-11-28 ~17:20 UTC (evaluated the same day, so seen now)."""
 
-NEW: tuple[Row, ...] = (
+SEEN_17: tuple[Row, ...] = (
     ("h488 s218 b2", H488, 218, 2, "single"),
     ("h520 s270 b3 DDP", H520, 270, 3, "ddp"),
     ("h952 s32 b3 FSDP2", H952, 32, 3, "fsdp2"),
@@ -344,11 +352,21 @@ NEW: tuple[Row, ...] = (
     ("h776 s162 b2 ZeRO-1", H776, 162, 2, "zero1"),
     ("h144 s332 b8 ZeRO-1", H144, 332, 8, "zero1"),
 )
+"""SEEN-17: the held-out six committed 2026-11-28 ~19:12 UTC (evaluated the same day, so seen now)."""
+
+NEW: tuple[Row, ...] = (
+    ("h504 s242 b2", H504, 242, 2, "single"),
+    ("h536 s194 b3 DDP", H536, 194, 3, "ddp"),
+    ("h944 s28 b3 FSDP2", H944, 28, 3, "fsdp2"),
+    ("h552 s306 b2 FSDP2", H552, 306, 2, "fsdp2"),
+    ("h792 s138 b2 ZeRO-1", H792, 138, 2, "zero1"),
+    ("h136 s340 b8 ZeRO-1", H136, 340, 8, "zero1"),
+)
 """NEW (out-of-sample): six configurations none of which had been run when they were committed."""
 
 SEEN: tuple[tuple[Row, ...], ...] = (SEEN_1, SEEN_2, SEEN_3, SEEN_4, SEEN_5, SEEN_6, SEEN_7, SEEN_8,
                                       SEEN_9, SEEN_10, SEEN_11, SEEN_12, SEEN_13, SEEN_14,
-                                      SEEN_15, SEEN_16)
+                                      SEEN_15, SEEN_16, SEEN_17)
 """Every set whose errors have been looked at, in the order they were committed."""
 
 
@@ -371,7 +389,7 @@ def step_configs(base: ModelSpec, nproc: int) -> list[StepConfig]:
 
 
 def seen_configs(base: ModelSpec, nproc: int) -> list[StepConfig]:
-    """Every configuration whose errors have been looked at: SEEN-1 to SEEN-16."""
+    """Every configuration whose errors have been looked at: SEEN-1 to SEEN-17."""
     return [config for rows in SEEN for config in configs(rows, base, nproc)]
 
 
