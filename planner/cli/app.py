@@ -210,7 +210,7 @@ def numpy_command_settings(argv: list[str]) -> bool:
       is the same either way). Importing creates many container objects and the collector's
       passes over them cost `fit` some 10 ms; at exit the objects are frozen (`gc.freeze()`,
       in `main`) so that the interpreter's shutdown does not traverse them all again (some
-      25 ms).
+      30 ms).
 
     Not for `calibrate`: the thread count would reach every BLAS the process and its rank
     processes load (OpenBLAS-based torch builds would time their CPU GEMMs on one thread), and
