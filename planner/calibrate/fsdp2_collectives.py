@@ -100,6 +100,12 @@ def group_elements(shapes) -> int:
     return sum(math.prod(s) for s in shapes)
 
 
+def shapes_key(shapes) -> tuple[tuple[int, ...], ...]:
+    """`shapes` (lists or tuples) as the tuple of tuples `Fsdp2GroupCost.shapes` holds, so that a
+    group is found whatever sequence type its shapes came in."""
+    return tuple(tuple(s) for s in shapes)
+
+
 def measure(group, device, widths=WIDTHS, rounds: int = 3, reps: int = 5) -> list[Fsdp2CollectiveFit]:
     """Both schedules on `group` (every rank of it calls this); every rank returns the fits."""
     import torch
@@ -128,7 +134,7 @@ def measure_groups(group, device, groups, rounds: int = 3, reps: int = 5) -> lis
     import torch.distributed as dist
 
     ranks = dist.get_world_size(group)
-    return [Fsdp2GroupCost(resharded=resharded, ranks=ranks, shapes=tuple(tuple(s) for s in shapes),
+    return [Fsdp2GroupCost(resharded=resharded, ranks=ranks, shapes=shapes_key(shapes),
                            seconds=max(_per_group_seconds(torch, dist, group, device, _shapes_group(torch, shapes),
                                                           torch.zeros(1, device=device), resharded, rounds, reps), 1e-9))
             for resharded, shapes in groups]

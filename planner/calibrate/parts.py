@@ -14,7 +14,7 @@ from pydantic import Field
 
 from planner.calibrate.engine_optimizer import EngineOptimizerFit
 from planner.calibrate.fits import AlphaBeta, OptimizerFit, interp_loglog
-from planner.calibrate.fsdp2_collectives import Fsdp2CollectiveFit, Fsdp2GroupCost
+from planner.calibrate.fsdp2_collectives import Fsdp2CollectiveFit, Fsdp2GroupCost, shapes_key
 from planner.calibrate.reuse import ReuseCurve
 from planner.calibrate.shape_gemms import ShapeGemm
 from planner.core.spec import Frozen, GemmPoint
@@ -228,7 +228,7 @@ class HardwareParts(Frozen):
     def fsdp2_group_seconds(self, resharded: bool, ranks: int, shapes) -> float | None:
         """The measured per-group cost of a group of exactly `shapes` on `ranks` ranks, None when
         not measured (`fsdp2_groups`)."""
-        key = tuple(tuple(s) for s in shapes)
+        key = shapes_key(shapes)
         return next((g.seconds for g in self.fsdp2_groups
                      if g.resharded == resharded and g.ranks == ranks and g.shapes == key), None)
 

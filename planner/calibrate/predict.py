@@ -62,7 +62,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from planner.calibrate.dispatch import op_count
-from planner.calibrate.fsdp2_collectives import group_elements
+from planner.calibrate.fsdp2_collectives import group_elements, shapes_key
 from planner.calibrate.fsdp2_overhead import hooks_per_step, step_copies
 from planner.calibrate.models import build_model
 from planner.calibrate.page_faults import step_faults
@@ -536,7 +536,7 @@ def with_fsdp2_groups(parts: HardwareParts, configs: list[StepConfig], timeout_s
         blocks, root = fsdp2_group_shapes(cfg.model, cfg.seq_len)
         groups = wanted.setdefault(cfg.nproc, [])
         for resharded, shapes in [(True, b) for b in blocks] + [(False, root)]:
-            key = (resharded, tuple(tuple(s) for s in shapes))
+            key = (resharded, shapes_key(shapes))
             if key not in groups and parts.fsdp2_group_seconds(resharded, cfg.nproc, shapes) is None:
                 groups.append(key)
     new = []
