@@ -77,10 +77,14 @@ The sets, reported apart (each a table of rows; `configs` builds them):
   of them was run (4 x 488, 5 x 520, 2 x 952, 3 x 584, 2 x 776, 6 x 144; sequence lengths 218,
   270, 32, 336, 162, 332); evaluated once by three quiet runs with the predictor of 716494f
   unchanged (NEW 2.0-4.7 % mean, 4.3-14.0 % max) and looked at, so seen now too.
-- `NEW`: fixed and committed 2026-11-28 ~19:55 UTC, before any prediction or measurement of them
-  was run and before any change it will evaluate: model widths used by no earlier set (4 x 504,
-  5 x 536, 2 x 944, 3 x 552, 2 x 792, 6 x 136), sequence lengths none used before (242, 194,
-  28, 306, 138, 340), micro-batches 2-8, every engine (single, DDP, FSDP2 twice, ZeRO-1 twice).
+- `SEEN_18`: fixed and committed 2026-11-28 ~19:55 UTC, before any prediction or measurement
+  of them was run (4 x 504, 5 x 536, 2 x 944, 3 x 552, 2 x 792, 6 x 136; sequence lengths 242,
+  194, 28, 306, 138, 340); evaluated once by three quiet runs with the predictor of 7d1754c
+  (unchanged since 0ac99e7; NEW 1.0-3.8 % mean, 2.3-8.1 % max) and looked at, so seen now too.
+- `NEW`: fixed and committed 2026-11-28 ~21:15 UTC, before any prediction or measurement of them
+  was run and before any change it will evaluate: model widths used by no earlier set (3 x 688,
+  3 x 752, 2 x 960, 2 x 824, 2 x 840, 6 x 128), sequence lengths none used before (246, 198,
+  24, 302, 146, 344), micro-batches 2-8, every engine (single, DDP, FSDP2 twice, ZeRO-1 twice).
   The process counts stay 1 and 2: the machine has 2 cores, a third rank would share a core and
   time the scheduler. Their errors are the out-of-sample figure; nothing in the predictor may be
   changed after looking at them (changes go into a new set).
@@ -186,6 +190,12 @@ H944 = {"layers": 2, "hidden": 944, "heads": 8, "ffn": 3776, "vocab": 1152}
 H552 = {"layers": 3, "hidden": 552, "heads": 8, "ffn": 2208, "vocab": 2688}
 H792 = {"layers": 2, "hidden": 792, "heads": 8, "ffn": 3168, "vocab": 2432}
 H136 = {"layers": 6, "hidden": 136, "heads": 8, "ffn": 544, "vocab": 1664}
+H688 = {"layers": 3, "hidden": 688, "heads": 8, "ffn": 2752, "vocab": 2176}
+H752 = {"layers": 3, "hidden": 752, "heads": 8, "ffn": 3008, "vocab": 1920}
+H960 = {"layers": 2, "hidden": 960, "heads": 8, "ffn": 3840, "vocab": 1216}
+H824 = {"layers": 2, "hidden": 824, "heads": 8, "ffn": 3296, "vocab": 2560}
+H840 = {"layers": 2, "hidden": 840, "heads": 8, "ffn": 3360, "vocab": 2304}
+H128 = {"layers": 6, "hidden": 128, "heads": 8, "ffn": 512, "vocab": 1600}
 
 
 Row = tuple[str, dict[str, int], int, int, Strategy]
@@ -354,7 +364,7 @@ SEEN_17: tuple[Row, ...] = (
 )
 """SEEN-17: the held-out six committed 2026-11-28 ~19:12 UTC (evaluated the same day, so seen now)."""
 
-NEW: tuple[Row, ...] = (
+SEEN_18: tuple[Row, ...] = (
     ("h504 s242 b2", H504, 242, 2, "single"),
     ("h536 s194 b3 DDP", H536, 194, 3, "ddp"),
     ("h944 s28 b3 FSDP2", H944, 28, 3, "fsdp2"),
@@ -362,11 +372,21 @@ NEW: tuple[Row, ...] = (
     ("h792 s138 b2 ZeRO-1", H792, 138, 2, "zero1"),
     ("h136 s340 b8 ZeRO-1", H136, 340, 8, "zero1"),
 )
+"""SEEN-18: the held-out six committed 2026-11-28 ~19:55 UTC (evaluated the same day, so seen now)."""
+
+NEW: tuple[Row, ...] = (
+    ("h688 s246 b2", H688, 246, 2, "single"),
+    ("h752 s198 b3 DDP", H752, 198, 3, "ddp"),
+    ("h960 s24 b3 FSDP2", H960, 24, 3, "fsdp2"),
+    ("h824 s302 b2 FSDP2", H824, 302, 2, "fsdp2"),
+    ("h840 s146 b2 ZeRO-1", H840, 146, 2, "zero1"),
+    ("h128 s344 b8 ZeRO-1", H128, 344, 8, "zero1"),
+)
 """NEW (out-of-sample): six configurations none of which had been run when they were committed."""
 
 SEEN: tuple[tuple[Row, ...], ...] = (SEEN_1, SEEN_2, SEEN_3, SEEN_4, SEEN_5, SEEN_6, SEEN_7, SEEN_8,
                                       SEEN_9, SEEN_10, SEEN_11, SEEN_12, SEEN_13, SEEN_14,
-                                      SEEN_15, SEEN_16, SEEN_17)
+                                      SEEN_15, SEEN_16, SEEN_17, SEEN_18)
 """Every set whose errors have been looked at, in the order they were committed."""
 
 
@@ -389,7 +409,7 @@ def step_configs(base: ModelSpec, nproc: int) -> list[StepConfig]:
 
 
 def seen_configs(base: ModelSpec, nproc: int) -> list[StepConfig]:
-    """Every configuration whose errors have been looked at: SEEN-1 to SEEN-17."""
+    """Every configuration whose errors have been looked at: SEEN-1 to SEEN-18."""
     return [config for rows in SEEN for config in configs(rows, base, nproc)]
 
 
