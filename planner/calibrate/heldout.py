@@ -81,10 +81,14 @@ The sets, reported apart (each a table of rows; `configs` builds them):
   of them was run (4 x 504, 5 x 536, 2 x 944, 3 x 552, 2 x 792, 6 x 136; sequence lengths 242,
   194, 28, 306, 138, 340); evaluated once by three quiet runs with the predictor of 7d1754c
   (unchanged since 0ac99e7; NEW 1.0-3.8 % mean, 2.3-8.1 % max) and looked at, so seen now too.
-- `NEW`: fixed and committed 2026-11-28 ~21:15 UTC, before any prediction or measurement of them
-  was run and before any change it will evaluate: model widths used by no earlier set (3 x 688,
-  3 x 752, 2 x 960, 2 x 824, 2 x 840, 6 x 128), sequence lengths none used before (246, 198,
-  24, 302, 146, 344), micro-batches 2-8, every engine (single, DDP, FSDP2 twice, ZeRO-1 twice).
+- `SEEN_19`: fixed and committed 2026-11-28 ~21:15 UTC, before any prediction or measurement
+  of them was run (3 x 688, 3 x 752, 2 x 960, 2 x 824, 2 x 840, 6 x 128; sequence lengths 246,
+  198, 24, 302, 146, 344); evaluated once by three quiet runs with the predictor of 9625fb2
+  (unchanged since 0ac99e7; NEW 2.5-4.1 % mean, 2.9-10.2 % max) and looked at, so seen now too.
+- `NEW`: fixed and committed 2026-11-28 ~21:40 UTC, before any prediction or measurement of them
+  was run and before any change it will evaluate: model widths used by no earlier set (2 x 864,
+  3 x 808, 2 x 968, 2 x 880, 2 x 896, 6 x 120), sequence lengths none used before (274, 166,
+  20, 346, 134, 348), micro-batches 2-8, every engine (single, DDP, FSDP2 twice, ZeRO-1 twice).
   The process counts stay 1 and 2: the machine has 2 cores, a third rank would share a core and
   time the scheduler. Their errors are the out-of-sample figure; nothing in the predictor may be
   changed after looking at them (changes go into a new set).
@@ -196,6 +200,12 @@ H960 = {"layers": 2, "hidden": 960, "heads": 8, "ffn": 3840, "vocab": 1216}
 H824 = {"layers": 2, "hidden": 824, "heads": 8, "ffn": 3296, "vocab": 2560}
 H840 = {"layers": 2, "hidden": 840, "heads": 8, "ffn": 3360, "vocab": 2304}
 H128 = {"layers": 6, "hidden": 128, "heads": 8, "ffn": 512, "vocab": 1600}
+H864 = {"layers": 2, "hidden": 864, "heads": 8, "ffn": 3456, "vocab": 1984}
+H808 = {"layers": 3, "hidden": 808, "heads": 8, "ffn": 3232, "vocab": 2240}
+H968 = {"layers": 2, "hidden": 968, "heads": 8, "ffn": 3872, "vocab": 1344}
+H880 = {"layers": 2, "hidden": 880, "heads": 8, "ffn": 3520, "vocab": 2496}
+H896 = {"layers": 2, "hidden": 896, "heads": 8, "ffn": 3584, "vocab": 2112}
+H120 = {"layers": 6, "hidden": 120, "heads": 8, "ffn": 480, "vocab": 1472}
 
 
 Row = tuple[str, dict[str, int], int, int, Strategy]
@@ -374,7 +384,7 @@ SEEN_18: tuple[Row, ...] = (
 )
 """SEEN-18: the held-out six committed 2026-11-28 ~19:55 UTC (evaluated the same day, so seen now)."""
 
-NEW: tuple[Row, ...] = (
+SEEN_19: tuple[Row, ...] = (
     ("h688 s246 b2", H688, 246, 2, "single"),
     ("h752 s198 b3 DDP", H752, 198, 3, "ddp"),
     ("h960 s24 b3 FSDP2", H960, 24, 3, "fsdp2"),
@@ -382,11 +392,21 @@ NEW: tuple[Row, ...] = (
     ("h840 s146 b2 ZeRO-1", H840, 146, 2, "zero1"),
     ("h128 s344 b8 ZeRO-1", H128, 344, 8, "zero1"),
 )
+"""SEEN-19: the held-out six committed 2026-11-28 ~21:15 UTC (evaluated the same day, so seen now)."""
+
+NEW: tuple[Row, ...] = (
+    ("h864 s274 b2", H864, 274, 2, "single"),
+    ("h808 s166 b3 DDP", H808, 166, 3, "ddp"),
+    ("h968 s20 b3 FSDP2", H968, 20, 3, "fsdp2"),
+    ("h880 s346 b2 FSDP2", H880, 346, 2, "fsdp2"),
+    ("h896 s134 b2 ZeRO-1", H896, 134, 2, "zero1"),
+    ("h120 s348 b8 ZeRO-1", H120, 348, 8, "zero1"),
+)
 """NEW (out-of-sample): six configurations none of which had been run when they were committed."""
 
 SEEN: tuple[tuple[Row, ...], ...] = (SEEN_1, SEEN_2, SEEN_3, SEEN_4, SEEN_5, SEEN_6, SEEN_7, SEEN_8,
                                       SEEN_9, SEEN_10, SEEN_11, SEEN_12, SEEN_13, SEEN_14,
-                                      SEEN_15, SEEN_16, SEEN_17, SEEN_18)
+                                      SEEN_15, SEEN_16, SEEN_17, SEEN_18, SEEN_19)
 """Every set whose errors have been looked at, in the order they were committed."""
 
 
@@ -409,7 +429,7 @@ def step_configs(base: ModelSpec, nproc: int) -> list[StepConfig]:
 
 
 def seen_configs(base: ModelSpec, nproc: int) -> list[StepConfig]:
-    """Every configuration whose errors have been looked at: SEEN-1 to SEEN-18."""
+    """Every configuration whose errors have been looked at: SEEN-1 to SEEN-19."""
     return [config for rows in SEEN for config in configs(rows, base, nproc)]
 
 
