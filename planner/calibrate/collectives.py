@@ -350,7 +350,7 @@ def spawn_collectives(nproc: int, cfg: dict) -> tuple[list[CollectiveFit], list[
             [EngineOptimizerFit.model_validate(f) for f in out.get("engine_optimizers", [])])
 
 
-def _spawn(worker, nproc: int, cfg: dict, result_name: str):
+def _spawn(worker, nproc: int, cfg: dict, result_name: str) -> dict:
     """`worker(rank, nproc, store_dir, cfg)` on `nproc` spawned processes meeting in a temporary
     directory; the JSON rank 0 wrote there as `result_name`, or the failure a rank reported."""
     import tempfile
