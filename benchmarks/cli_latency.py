@@ -45,10 +45,12 @@ ROOT = Path(__file__).resolve().parents[1]
 ZPLAN = Path(sys.executable).with_name("zplan")
 PYTHON = sys.executable
 
-SETTLED = "import gc, os\ngc.disable()\nos.environ.setdefault('OPENBLAS_NUM_THREADS', '1')\n"
+SETTLED = ("import gc, os\ngc.disable()\nos.environ.setdefault('OPENBLAS_NUM_THREADS', '1')\n"
+           "os.environ.setdefault('PYDANTIC_DISABLE_PLUGINS', '__all__')\n")
 """The process settings `zplan` applies before a numpy-only command (planner.cli.app
-`numpy_command_settings`: one BLAS thread, no cyclic garbage collection, the objects frozen at
-exit), applied to the floors too, so that a command minus its floor is the planner's own work."""
+`numpy_command_settings`: one BLAS thread, no pydantic plugin look-up, no cyclic garbage
+collection, the objects frozen at exit), applied to the floors too, so that a command minus its
+floor is the planner's own work."""
 
 FLOOR_CHECK = ("import numpy, yaml, typer; from pydantic import BaseModel, Field\n"
                "class M(BaseModel):\n    x: int = Field(1, gt=0)\nM(x=2)")

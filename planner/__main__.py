@@ -1,5 +1,5 @@
 """`python -m planner` runs the zplan CLI."""
 
-from planner.cli.app import main
+from planner.cli.app import console
 
-main()
+console()

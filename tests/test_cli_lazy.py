@@ -93,20 +93,24 @@ def test_numpy_commands_start_no_blas_worker_threads():
 
 def test_calibrate_keeps_the_blas_thread_count_and_its_collector(monkeypatch):
     """`calibrate` runs torch, whose CPU GEMMs may go through OpenBLAS and whose training steps
-    make reference cycles holding tensors: no thread count is set and the cyclic collector
-    stays on. A numpy-only command gets one BLAS thread and no collector (restored here: this
-    test runs inside pytest's process)."""
+    make reference cycles holding tensors: no thread count is set, pydantic's plugins are left
+    alone and the cyclic collector stays on. A numpy-only command gets one BLAS thread, no
+    pydantic plugin look-up and no collector (restored here: this test runs inside pytest's
+    process)."""
     import gc
 
     from planner.cli.app import numpy_command_settings
 
     monkeypatch.delenv("OPENBLAS_NUM_THREADS", raising=False)
+    monkeypatch.delenv("PYDANTIC_DISABLE_PLUGINS", raising=False)
     assert gc.isenabled()
     try:
         assert numpy_command_settings(["--debug", "calibrate", "hardware", "--nproc", "2"]) is False
         assert "OPENBLAS_NUM_THREADS" not in os.environ and gc.isenabled()
+        assert "PYDANTIC_DISABLE_PLUGINS" not in os.environ
         assert numpy_command_settings(["--debug", "sweep", "--model", "gpt2"]) is True
         assert os.environ["OPENBLAS_NUM_THREADS"] == "1"
+        assert os.environ["PYDANTIC_DISABLE_PLUGINS"] == "__all__"
         assert not gc.isenabled()
     finally:
         gc.enable()
@@ -132,3 +136,50 @@ def test_a_numpy_command_leaves_its_objects_frozen_and_the_collector_on():
 
     assert after(["check", str(JOB)]) == (True, True)
     assert after(["calibrate", "--help"]) == (True, False)
+
+
+@pytest.mark.cli
+def test_numpy_commands_leave_nothing_for_the_interpreter_s_teardown(tmp_path):
+    """`console` ends a numpy-only command with `os._exit` (no interpreter teardown). That is
+    safe only if nothing waits for the teardown: no exit handler registered and no thread left
+    running. Checked after the commands that write files or draw a progress bar (its refresh
+    thread) as well as the plain ones."""
+    def left_over(argv: list[str]) -> tuple[int, int, int]:
+        code = ("import atexit, sys, threading\n"
+                "from planner.cli.app import main\n"
+                "try:\n"
+                f"    main({argv!r})\n"
+                "except SystemExit as exit:\n"
+                "    status = exit.code\n"
+                "sys.__stderr__.write('\\n' + repr((status, atexit._ncallbacks(), threading.active_count())))\n")
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                              cwd=PACKAGE_PARENT, env={"PATH": "", "COLUMNS": "100",
+                                                       "PYTHONPATH": str(PACKAGE_PARENT)})
+        return ast.literal_eval(proc.stderr.strip().splitlines()[-1])
+
+    gpt2 = ["--model", "gpt2", "--cluster", "dgx2"]
+    assert left_over(["check", str(JOB)]) == (0, 0, 1)
+    assert left_over(["fit", *gpt2, "--tp", "1"]) == (0, 0, 1)
+    assert left_over(["sweep", *gpt2, "--gpus", "8-16", "--progress", "--top", "2",
+                      "--csv", str(tmp_path / "rows.csv")]) == (0, 0, 1)
+    assert left_over(["export", *gpt2, "--format", "deepspeed", "-o", str(tmp_path / "ds.json")]) == (0, 0, 1)
+    assert (tmp_path / "rows.csv").stat().st_size > 0 and (tmp_path / "ds.json").stat().st_size > 0
+
+
+@pytest.mark.cli
+def test_the_console_script_keeps_every_exit_code(tmp_path):
+    """`console` (the installed `zplan`, `python -m planner`) exits with `main`'s code: 0 fits,
+    1 does not fit, 2 bad input; and the output written before `os._exit` is all there."""
+    def run(*argv: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "planner", *argv], capture_output=True, text=True,
+                              timeout=300, cwd=PACKAGE_PARENT,
+                              env={"PATH": "", "COLUMNS": "100", "PYTHONPATH": str(PACKAGE_PARENT)})
+
+    fits = run("fit", "--model", "gpt2", "--cluster", "dgx2", "--tp", "1", "--json")
+    assert fits.returncode == 0 and json.loads(fits.stdout)["fits"] is True
+    # GPT-3 175B replicated on every V100 32 GB (no sharding): 16 x 175e9 bytes cannot fit
+    does_not = run("fit", "--model", "gpt3-175b", "--cluster", "dgx2x32", "--tp", "1", "--pp", "1",
+                   "--zero", "0")
+    assert does_not.returncode == 1 and does_not.stdout.rstrip().splitlines()[-1].startswith("DOES NOT FIT")
+    bad = run("fit", "--model", "gpt2", "--cluster", "dgx2", "--micro-batch", "0")
+    assert bad.returncode == 2 and len(bad.stderr.splitlines()) == 1 and bad.stdout == ""

@@ -196,6 +196,11 @@ TORCH_COMMANDS = frozenset({"calibrate"})
 """The commands that run torch (planner.calibrate); every other command runs numpy only."""
 
 
+def runs_torch(argv: list[str]) -> bool:
+    """True when the command of `argv` (its first word that is not an option) runs torch."""
+    return next((arg for arg in argv if not arg.startswith("-")), None) in TORCH_COMMANDS
+
+
 def numpy_command_settings(argv: list[str]) -> bool:
     """Settle the process for a command that runs numpy only (every command but `calibrate`);
     True if it did. docs/cli_latency.md gives the measurements.
@@ -212,19 +217,25 @@ def numpy_command_settings(argv: list[str]) -> bool:
       in `main`) so that the interpreter's shutdown does not traverse them all again (some
       30 ms).
 
+    - PYDANTIC_DISABLE_PLUGINS=__all__: pydantic looks for plugins (observability hooks such as
+      logfire's) in the entry points of every installed distribution when it builds its first
+      validator, some 2.6 ms in the development environment of the benchmark; zplan's own
+      input models are not meant to be reported to them. Set only when the user has not set it.
+
     Not for `calibrate`: the thread count would reach every BLAS the process and its rank
     processes load (OpenBLAS-based torch builds would time their CPU GEMMs on one thread), and
     its torch training steps make reference cycles that hold tensors (FSDP2 among them)."""
-    command = next((arg for arg in argv if not arg.startswith("-")), None)
-    if command in TORCH_COMMANDS:
+    if runs_torch(argv):
         return False
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+    os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")
     gc.disable()
     return True
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Console-script entry point: the exit-code contract above, never a bare traceback."""
+    """Run one command: the exit-code contract above, never a bare traceback; ends with
+    SystemExit (the console script is `console`)."""
     args = sys.argv[1:] if argv is None else argv
     numpy_only = numpy_command_settings(args)
     try:
@@ -233,6 +244,29 @@ def main(argv: list[str] | None = None) -> None:
         if numpy_only:  # shutdown need not traverse every object; a caller of main() that
             gc.freeze()  # catches SystemExit gets its collector back
             gc.enable()
+
+
+def console() -> None:
+    """The `zplan` console script and `python -m planner`: `main`; then a numpy-only command's
+    process ends with `os._exit` once stdout and stderr are flushed, without the interpreter's
+    teardown of every module and object it loaded (some 5 ms of `zplan fit`'s 0.2 s;
+    docs/cli_latency.md). Nothing is skipped that matters: these commands register no exit
+    handler and leave no thread running (tests/test_cli_lazy.py checks both), and every file
+    they write is complete and renamed into place before `main` returns. `calibrate` exits the
+    ordinary way (torch's exit handlers run). `main` itself never ends the process: tests and
+    other callers catch its SystemExit."""
+    args = sys.argv[1:]
+    try:
+        main(args)
+    except SystemExit as done:
+        if runs_torch(args) or not isinstance(done.code, int):
+            raise
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError, AttributeError):  # closed or None: already reported
+                pass
+        os._exit(done.code)
 
 
 def _main(args: list[str]) -> None:

@@ -198,7 +198,7 @@ def step_flops(model: ModelSpec, setup: TrainSetup, layout: Layout) -> FlopsBrea
     forward = forward_flops(model, batch, s)
     backward = 2 * forward
     extra = recompute_flops(model, layout, batch, s)
-    return FlopsBreakdown(
+    return FlopsBreakdown.computed(
         forward_flops=forward, backward_flops=backward, recompute_flops=extra,
         model_flops=forward + backward, hardware_flops=forward + backward + extra,
         tokens=batch * s,

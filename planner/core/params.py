@@ -170,7 +170,7 @@ def layer_params(model: ModelSpec, moe: bool | None = None) -> LayerParams:
     else:
         mlp = active_mlp = mlp_params(model, model.ffn_hidden_size)
     shared = attention + norms + router
-    return LayerParams(
+    return LayerParams.computed(
         attention=attention, mlp=mlp, router=router, norms=norms,
         total=shared + mlp, active=shared + active_mlp,
     )
@@ -211,7 +211,7 @@ def count_params(model: ModelSpec) -> ParamCount:
         active_blocks = num_moe * layer.active + num_dense * dense.active
     else:
         blocks, active_blocks = model.num_layers * dense.total, model.num_layers * dense.active
-    return ParamCount(
+    return ParamCount.computed(
         embedding=embedding, layer=layer, dense_layer=dense, num_moe_layers=num_moe,
         layers=blocks, final_norm=final_norm, lm_head=lm_head, pooler=pooler,
         total=outside + blocks, active=outside + active_blocks,
@@ -468,7 +468,7 @@ def stage_param_counts(model: ModelSpec, tp: int, pp: int,
 def stage_record(stage: int, counts: tuple[int, int, int, int]) -> StageParams:
     """The typed record of one stage's `stage_param_counts` entry."""
     n_layers, layers, embedding, head = counts
-    return StageParams(stage=stage, num_layers=n_layers, layer_params=layers,
+    return StageParams.computed(stage=stage, num_layers=n_layers, layer_params=layers,
                        embedding_params=embedding, head_params=head,
                        total=layers + embedding + head)
 

@@ -13,7 +13,7 @@ Seed and paper citations: docs/references.md
 from __future__ import annotations
 
 import dataclasses
-from typing import Literal, get_args, get_origin
+from typing import Any, Literal, Self, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
@@ -55,6 +55,21 @@ class Frozen(BaseModel):
             if _refuses_bool(cls.model_fields[info.field_name].annotation):
                 raise ValueError(f"expected a number, got the boolean {str(value).lower()}")
         return value
+
+    @classmethod
+    def computed(cls, **values: Any) -> Self:
+        """An instance from values the planner computed (a result: a memory plan, a step-time
+        breakdown, a parameter count), not from user input: pydantic's `model_construct`, no
+        validation, so a result class's validator is built only if a JSON document is written.
+        Building them cost `zplan fit` some 4.5 ms of its ~60 ms own work (issue 9,
+        docs/cli_latency.md). Names the class does not have are refused here, since
+        `model_construct` would drop them without a word. tests/test_computed_results.py
+        re-validates every result that fit, check and sweep build and checks that each value
+        already has the type validation would give it."""
+        unknown = values.keys() - cls.__pydantic_fields__.keys()
+        if unknown:
+            raise TypeError(f"{cls.__name__} has no field {', '.join(sorted(unknown))}")
+        return cls.model_construct(**values)
 
     @classmethod
     def __pydantic_init_subclass__(cls, **kwargs: object) -> None:

@@ -150,9 +150,11 @@ def _with_parents(path: Path, extra_dirs: Sequence[Path]) -> tuple[Path, ...]:
 def load_model(name_or_path: str, extra_dirs: Sequence[Path] = ()) -> ModelSpec:
     """A model preset by name, a YAML file of ModelSpec fields, or a Hugging Face config.json
     (or a folder holding one)."""
+    presets = _named_files("models", extra_dirs)
+    if name_or_path in presets:
+        return _load_file(ModelSpec, presets[name_or_path], "model")
     folder = Path(name_or_path)
-    is_preset = name_or_path in _named_files("models", extra_dirs)
-    if not is_preset and folder.is_dir() and (folder / "config.json").is_file():
+    if folder.is_dir() and (folder / "config.json").is_file():
         return _model_from_hf(folder / "config.json")  # a downloaded Hugging Face model folder
     if _looks_like_path(name_or_path):
         path = _existing_file(Path(name_or_path), "model")

@@ -643,7 +643,7 @@ def stage_activations(model: ModelSpec, layout: Layout, setup: TrainSetup,
         kept = sum(c * w for c, w in zip(counts, chunk_bytes, strict=True))
         working = recompute_working_bytes(model, layout, s, b, e, n // v,
                                           setup.precision.fp8_scaling)
-        result.append(StageActivations(
+        result.append(StageActivations.computed(
             stage=stage, num_layers=n, in_flight_microbatches=ceil_div(sum(counts), v),
             in_flight_chunks=sum(counts), per_microbatch_bytes=sum(chunk_bytes),
             extras=first | last, recompute_working_bytes=working, cp_working_bytes=cp_working,
@@ -682,7 +682,7 @@ def hf_stage_activations(model: ModelSpec, layout: Layout, setup: TrainSetup,
     n = layers_per_stage[0]
     block, outside, working = hf_activation_bytes(model, setup, layout.recompute, layout.micro_batch)
     per_microbatch = n * block + outside
-    return StageActivations(
+    return StageActivations.computed(
         stage=1, num_layers=n, in_flight_microbatches=1, in_flight_chunks=1,
         per_microbatch_bytes=per_microbatch, extras={"outside_blocks": outside},
         recompute_working_bytes=working, total_bytes=per_microbatch + working)

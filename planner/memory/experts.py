@@ -117,7 +117,7 @@ def model_state_bytes(num_params: int, routed: int, precision: PrecisionRecipe,
                            cols, precision, optimizer, accounting)
     gpu, cpu, nvme = (model_states.parts_row(p) for p in parts[:3])
     p, g, o = (gpu.get(k, 0) for k in ("params", "grads", "optimizer"))
-    return ModelStateBytes(
+    return ModelStateBytes.computed(
         params_bytes=p, grads_bytes=g, optimizer_bytes=o,
         cpu_bytes=sum(cpu.values()), nvme_bytes=sum(nvme.values()),
         gpu_total_bytes=p + g + o, partition_numel=int(parts.partition_numel[0]),

@@ -246,7 +246,7 @@ def model_state_bytes(num_params: int, precision: PrecisionRecipe, optimizer: Op
     parts = state_parts(np.array([num_params], dtype=object), cols, precision, optimizer, accounting)
     gpu, cpu, nvme = (parts_row(p) for p in parts[:3])
     params, grads, opt = (gpu.get(k, 0) for k in ("params", "grads", "optimizer"))
-    return ModelStateBytes(
+    return ModelStateBytes.computed(
         params_bytes=params, grads_bytes=grads, optimizer_bytes=opt,
         cpu_bytes=sum(cpu.values()), nvme_bytes=sum(nvme.values()),
         gpu_total_bytes=params + grads + opt, partition_numel=int(parts.partition_numel[0]),

@@ -121,7 +121,7 @@ def plan_memory(model: ModelSpec, cluster: Cluster, layout: Layout, setup: Train
             last=index == len(stage_params) - 1)
         total = states.gpu_total_bytes + kept + sum(buffers.values()) + sum(working.values())
         stages.append(
-            StageMemory(
+            StageMemory.computed(
                 stage=index + 1,
                 num_layers=sp.num_layers,
                 num_params=sp.total,
@@ -143,7 +143,7 @@ def plan_memory(model: ModelSpec, cluster: Cluster, layout: Layout, setup: Train
     overflows = _overflows(stages, node)
     note = "" if reserve else reserve_missing_note(cluster.gpu)
     used = accounting_used(setup.host_accounting, layout.zero_stage, layout.offload_optimizer)
-    return MemoryPlan(stages=stages, node=node, fits=not overflows, overflows=overflows,
+    return MemoryPlan.computed(stages=stages, node=node, fits=not overflows, overflows=overflows,
                       reserve=reserve, reserve_note=note, host_accounting_note=used or "")
 
 
@@ -223,7 +223,7 @@ def _busiest_node(cluster: Cluster, layout: Layout, host: list[tuple[int, int]])
                              cluster.num_nodes)
     cpu = max(sum(n * host[s][0] for s, n in node.items()) for node in nodes)
     nvme = max(sum(n * host[s][1] for s, n in node.items()) for node in nodes)
-    return NodeMemory(
+    return NodeMemory.computed(
         cpu_bytes=cpu,
         cpu_capacity_bytes=cluster.node.cpu_memory_bytes,
         nvme_bytes=nvme,

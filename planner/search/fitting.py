@@ -65,7 +65,7 @@ def fit_layout(
     """Memory and step time of one given layout."""
     memory = plan_memory(model, cluster, layout, setup)
     step = steptime.estimate_step(model, cluster, layout, setup, efficiency=efficiency)
-    return FitResult(
+    return FitResult.computed(
         model=model, params_total=params.count_params(model).total, cluster=cluster, setup=setup,
         searched=False, layout=layout, memory=memory, step=step, strategies=[], fits=memory.fits,
         suggestions=[] if memory.fits else suggest_changes(model, cluster, layout, setup),
@@ -86,14 +86,14 @@ def fit_search(
     best = best_layout(model, cluster, setup, Constraints(engine=engine), efficiency=efficiency)
     total = params.count_params(model).total
     if best is None:
-        return FitResult(
+        return FitResult.computed(
             model=model, params_total=total, cluster=cluster, setup=setup, searched=True,
             layout=None, memory=None, step=None, strategies=strategies, fits=False,
             suggestions=search_suggestions(model, cluster, setup, strategies),
         )
     layout, step = best
     memory = plan_memory(model, cluster, layout, setup)
-    return FitResult(
+    return FitResult.computed(
         model=model, params_total=total, cluster=cluster, setup=setup, searched=True,
         layout=layout, memory=memory, step=step, strategies=strategies, fits=memory.fits,
     )
@@ -105,7 +105,7 @@ def model_summary(model: ModelSpec, seq_len: int) -> ModelSummary:
         seq_len=seq_len, global_batch=1, train_tokens=seq_len,
         precision=get_precision("bf16-mixed"), optimizer=get_optimizer("adam"),
     )
-    return ModelSummary(
+    return ModelSummary.computed(
         model=model,
         params=params.count_params(model),
         approx_12lh2=params.approx_params_blocks(model.num_layers, model.hidden_size),

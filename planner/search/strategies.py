@@ -190,14 +190,14 @@ def _zero_minimum(
     base = Layout(micro_batch=1, grad_accum=1, recompute="full", **layout_fields)  # type: ignore[arg-type]
     dp = _min_dp(model, cluster, base, setup)
     layout = None if dp is None else base.model_copy(update={"dp": dp})
-    return StrategyMinimum(strategy=name, min_gpus=dp, layout=layout)
+    return StrategyMinimum.computed(strategy=name, min_gpus=dp, layout=layout)
 
 
 def _ddp_minimum(model: ModelSpec, cluster: Cluster, setup: TrainSetup) -> StrategyMinimum:
     """DDP replicates everything: it fits on one GPU or on none (seed 001 §1)."""
     layout = Layout(micro_batch=1, recompute="full")
     fits = _fits(model, cluster, layout, setup)
-    return StrategyMinimum(strategy="DDP", min_gpus=1 if fits else None, layout=layout if fits else None)
+    return StrategyMinimum.computed(strategy="DDP", min_gpus=1 if fits else None, layout=layout if fits else None)
 
 
 def _megatron_minimum(model: ModelSpec, cluster: Cluster, setup: TrainSetup) -> StrategyMinimum:
@@ -218,7 +218,7 @@ def _megatron_minimum(model: ModelSpec, cluster: Cluster, setup: TrainSetup) -> 
             dp = _min_dp(model, cluster, base, setup)
             if dp is not None and (best is None or tp * pp * dp < best.num_gpus):
                 best = base.model_copy(update={"dp": dp})
-    return StrategyMinimum(
+    return StrategyMinimum.computed(
         strategy="TPxPPxDP (ZeRO-1)", min_gpus=best.num_gpus if best else None, layout=best
     )
 

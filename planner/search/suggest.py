@@ -110,7 +110,7 @@ def _fitting(model: ModelSpec, cluster: Cluster, setup: TrainSetup,
         except PlanInputError:
             continue
         if plan.fits:
-            out.append(Suggestion(change=change, kind=kind, layout=lay, num_gpus=lay.num_gpus,
+            out.append(Suggestion.computed(change=change, kind=kind, layout=lay, num_gpus=lay.num_gpus,
                                   headroom_bytes=plan.peak_stage.headroom_bytes))
     return out
 
@@ -151,7 +151,7 @@ def search_suggestions(model: ModelSpec, cluster: Cluster, setup: TrainSetup,
         except PlanInputError:
             continue
         if plan.fits:
-            out.append(Suggestion(change=f"--gpus {row.min_gpus} ({row.strategy})", kind="gpus",
+            out.append(Suggestion.computed(change=f"--gpus {row.min_gpus} ({row.strategy})", kind="gpus",
                                   layout=row.layout, num_gpus=row.min_gpus,
                                   headroom_bytes=plan.peak_stage.headroom_bytes))
     out.sort(key=lambda s: (s.num_gpus, -s.headroom_bytes))

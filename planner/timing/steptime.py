@@ -398,7 +398,7 @@ def cluster_rates(cluster: Cluster, setup: TrainSetup, efficiency: float | None 
     if efficiency is not None and not 0 < efficiency <= 1:
         raise PlanInputError("efficiency", f"must be in (0, 1], got {efficiency}")
     node = cluster.node
-    return Rates(
+    return Rates.computed(
         peak_flops_per_s=cluster.gpu.peak_flops_per_s(mfu_peak_dtype(dtype)),
         efficiency=efficiency if efficiency is not None else cluster.gpu.achieved_efficiency,
         hbm_bw=cluster.gpu.hbm_bytes_per_s,
@@ -920,4 +920,4 @@ def estimate_step(model: ModelSpec, cluster: Cluster, layout: Layout, setup: Tra
                         flash_attention=layout.flash_attention, buffers=layout.buffers,
                         efficiency=efficiency, megatron_overlap=layout.megatron_overlap)
     values = {k: float(v[0]) for k, v in cols.items() if k in StepEstimate.model_fields}
-    return StepEstimate(**values, compute_efficiency=float(cols["efficiency"][0]))
+    return StepEstimate.computed(**values, compute_efficiency=float(cols["efficiency"][0]))
