@@ -54,6 +54,45 @@ def test_closed_stdout_is_one_line_exit_4():
 
 
 @pytest.mark.cli
+@pytest.mark.parametrize("argv", [FITS, [*FITS, "--json"], ["show", "gpt2"],
+                                  ["sweep", "--model", "gpt2", "--cluster", "dgx2", "--top", "3"],
+                                  ["check", str(Path(__file__).resolve().parents[1] / "examples" / "job.yaml")],
+                                  ["--help"], ["fit", "--help"], ["version"]],
+                         ids=["fit", "fit-json", "show", "sweep", "check", "help", "fit-help", "version"])
+def test_a_reader_gone_before_the_output_is_exit_4_not_1(argv):
+    """`zplan fit ... | head` where the reader has gone: the pipe's read end is closed before
+    zplan writes. rich's console used to end the process with exit 1 and no word (its
+    `on_broken_pipe`), which a CI gate reads as "does not fit"."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        proc = subprocess.run([*COMMAND, *argv], stdout=write_end, stderr=subprocess.PIPE, text=True,
+                              env={**os.environ, "PYTHONPATH": str(PACKAGE_PARENT)})
+    finally:
+        os.close(write_end)
+    assert proc.returncode == 4, proc.stderr
+    assert len(proc.stderr.splitlines()) == 1 and "standard output" in proc.stderr, proc.stderr
+
+
+@pytest.mark.cli
+@pytest.mark.parametrize("argv, code", [(FITS, 4), (["fit", "--model", "nosuch"], 2),
+                                        (["fit", "--no-such-option"], 2), (["--help"], 4)],
+                         ids=["fit", "bad-value", "bad-option", "help"])
+def test_stdout_and_stderr_both_gone_still_give_the_contract_s_code(argv, code):
+    """`zplan ... 2>&1 | head` after the reader has gone: the error line cannot be written
+    either. The code still tells: 4 for an answer not delivered, 2 for bad input (the failed
+    write of the error line used to end the process with exit 1)."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        proc = subprocess.run([*COMMAND, *argv], stdout=write_end, stderr=write_end,
+                              env={**os.environ, "PYTHONPATH": str(PACKAGE_PARENT)})
+    finally:
+        os.close(write_end)
+    assert proc.returncode == code
+
+
+@pytest.mark.cli
 @pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full")
 def test_full_disk_on_stdout_is_one_line_exit_4():
     with open("/dev/full", "w") as full:

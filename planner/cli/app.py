@@ -34,6 +34,8 @@ from planner.cli.commands._common import (
     EXIT_INTERNAL,
     EXIT_OUTPUT,
     ISSUES,
+    OutputClosed,
+    say,
 )
 
 
@@ -165,18 +167,24 @@ def _run(argv: list[str]) -> int:
     """Run the app; usage errors become one line and exit 2."""
     try:
         code = app(args=argv, standalone_mode=False)
+    except SystemExit as stop:
+        if stop.code == 1 and isinstance(sys.stdout, click.utils.PacifyFlushWrapper):
+            # typer's answer to EPIPE outside a command (help text into a closed pipe): it
+            # wraps stdout so that nothing more is flushed and exits 1 (typer/core.py `_main`)
+            raise OutputClosed("help or usage text") from None
+        raise
     except typer.Abort:
-        print("zplan: aborted", file=sys.stderr)
+        say("zplan: aborted")
         return EXIT_BAD_INPUT
     except click_exceptions.NoArgsIsHelpError as err:
-        print(err.format_message(), file=sys.stderr)  # the help text: a usage error, exit 2
+        say(err.format_message())  # the help text: a usage error, exit 2
         return EXIT_BAD_INPUT
     except click_exceptions.UsageError as err:
         hint = f" ({err.ctx.command_path})" if err.ctx is not None else ""
-        print(f"zplan: error: {err.format_message()}{hint}", file=sys.stderr)
+        say(f"zplan: error: {err.format_message()}{hint}")
         return EXIT_BAD_INPUT
     except click_exceptions.ClickException as err:
-        print(f"zplan: error: {err.format_message()}", file=sys.stderr)
+        say(f"zplan: error: {err.format_message()}")
         return EXIT_BAD_INPUT
     sys.stdout.flush()  # a full disk or a closed pipe shows here, inside the handlers of main
     return code if isinstance(code, int) else 0
@@ -272,31 +280,30 @@ def console() -> None:
 def _main(args: list[str]) -> None:
     """Run the command; every way out is `sys.exit` with a code of the contract above."""
     if sys.stdout is None:  # started with fd 1 closed (`zplan ... >&-`)
-        print("zplan: error: standard output is closed; redirect it (e.g. > /dev/null)", file=sys.stderr)
+        say("zplan: error: standard output is closed; redirect it (e.g. > /dev/null)")
         sys.exit(EXIT_OUTPUT)
     try:
         sys.exit(_run(args))
     except SystemExit:
         raise
     except KeyboardInterrupt:
-        print("zplan: interrupted", file=sys.stderr)
+        say("zplan: interrupted")
         sys.exit(130)
-    except BrokenPipeError:
+    except (BrokenPipeError, OutputClosed):
         _quiet_stdout()
-        print("zplan: error: standard output was closed before the result was written", file=sys.stderr)
+        say("zplan: error: standard output was closed before the result was written")
         sys.exit(EXIT_OUTPUT)
     except OSError as err:  # writing stdout or a file: full disk, permissions
         _quiet_stdout()
-        print(f"zplan: error: {_os_message(err)}", file=sys.stderr)
+        say(f"zplan: error: {_os_message(err)}")
         sys.exit(EXIT_OUTPUT)
     except Exception as err:  # noqa: BLE001 - the contract: a bug is exit 3, not "does not fit"
         if _debug(args):
             import traceback
 
-            traceback.print_exc()
+            say(traceback.format_exc().rstrip("\n"))
         else:
-            print(f"zplan: internal error (a bug in zplan, not in your input): "
-                  f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''} -- "
-                  f"rerun with --debug (or ZPLAN_DEBUG=1) for the traceback and report it at {ISSUES}",
-                  file=sys.stderr)
+            say(f"zplan: internal error (a bug in zplan, not in your input): "
+                f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''} -- "
+                f"rerun with --debug (or ZPLAN_DEBUG=1) for the traceback and report it at {ISSUES}")
         sys.exit(EXIT_INTERNAL)

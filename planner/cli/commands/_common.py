@@ -28,14 +28,34 @@ ISSUES = "the zplan issue tracker (include the command line and the input files)
 F = TypeVar("F", bound=Callable[..., Any])
 
 
+class OutputClosed(Exception):
+    """Standard output's reader went away while a command wrote its result (a BrokenPipeError:
+    `zplan sweep ... | head`). Raised in its place because typer turns an EPIPE `OSError` into
+    exit 1 without a word (typer/core.py `_main`, as click does), and 1 means "does not fit";
+    this is not an OSError, so it passes typer to `main`: exit 4, one line."""
+
+
+def say(line: str) -> None:
+    """One diagnostic line on stderr. When stderr's reader has gone too (`zplan ... 2>&1 | head`)
+    nothing more can be said, and the line is dropped: the exit code still tells (before this,
+    the failed write itself ended the process with exit 1)."""
+    if sys.stderr is None:  # print(file=None) would write to stdout
+        return
+    try:
+        print(line, file=sys.stderr, flush=True)
+    except (OSError, ValueError):
+        pass
+
+
 def fail(message: str) -> typer.Exit:
     """Print one error line to stderr and return the Exit to raise (code 2)."""
-    print(f"zplan: error: {message}", file=sys.stderr)
+    say(f"zplan: error: {message}")
     return typer.Exit(EXIT_BAD_INPUT)
 
 
 def input_errors_exit_2(func: F) -> F:
-    """Decorator for commands: any input error becomes one stderr line and exit code 2."""
+    """Decorator for commands: any input error becomes one stderr line and exit code 2; a
+    closed standard output becomes `OutputClosed` (exit 4 in `main`)."""
 
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -43,6 +63,8 @@ def input_errors_exit_2(func: F) -> F:
             return func(*args, **kwargs)
         except PlanInputError as err:
             raise fail(str(err)) from None
+        except BrokenPipeError as err:
+            raise OutputClosed(str(err)) from None
         except (FileNotFoundError, IsADirectoryError, PermissionError) as err:
             if err.filename is None:
                 raise

@@ -234,14 +234,14 @@ def _run(spec, clusters, setups, constraints, sort, top, show_rejected, efficien
     is one unit, advanced per evaluated chunk (sweep's progress callback), and the layouts
     evaluated so far. Shown when stderr is a terminal, or with --progress (then the bar is
     drawn even into a file or pipe)."""
-    from rich.console import Console
     from rich.progress import (BarColumn, Progress, TaskProgressColumn, TextColumn,
                                TimeElapsedColumn)
 
+    from planner.cli.report import progress_console
     from planner.search.sweep import sweep
 
     if force_progress and not console.is_terminal:
-        console = Console(stderr=True, highlight=False, soft_wrap=False, force_terminal=True)
+        console = progress_console(force_terminal=True)
     results: list = []
     columns = (TextColumn("{task.description}"), BarColumn(), TaskProgressColumn(),
                TextColumn("{task.fields[layouts]:,} layouts"), TimeElapsedColumn())

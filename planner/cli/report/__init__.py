@@ -6,6 +6,8 @@ so every command formats bytes, times and JSON the same way.
 
 from __future__ import annotations
 
+import errno
+import functools
 import json
 import os
 import sys
@@ -27,19 +29,37 @@ a wider terminal (or COLUMNS) gets wider tables."""
 
 def human_console() -> Console:
     """The console for results people read: stdout (`zplan fit > plan.txt`, `| less`)."""
-    from rich.console import Console
-
-    console = Console(highlight=False, soft_wrap=False, emoji=False)  # no :name: codes printed
+    console = planner_console()
     if not console.is_terminal and "COLUMNS" not in os.environ:
         console.width = PIPE_WIDTH
     return console
 
 
-def progress_console() -> Console:
+def progress_console(**settings: Any) -> Console:
     """The console for progress bars and diagnostics: stderr, so stdout holds only results."""
+    return planner_console(stderr=True, **settings)
+
+
+def planner_console(**settings: Any) -> Console:
+    """A rich Console (no highlighting, wrapping or `:name:` emoji codes; no report prints one)
+    whose reader going away is a `BrokenPipeError` for `main` to report: exit 4, one line.
+    rich's own `Console.on_broken_pipe` ends the process with `SystemExit(1)` and no message,
+    and 1 means "does not fit" to a CI gate (`zplan fit ... | head` exited 1 before this;
+    rich/console.py, `on_broken_pipe`: "implement this method in a subclass to change the
+    behavior")."""
+    return _console_class()(highlight=False, soft_wrap=False, emoji=False, **settings)
+
+
+@functools.cache
+def _console_class() -> type[Console]:
     from rich.console import Console
 
-    return Console(stderr=True, highlight=False, soft_wrap=False, emoji=False)
+    class PlannerConsole(Console):
+        def on_broken_pipe(self) -> None:
+            self.quiet = True  # nothing more is written to the closed pipe
+            raise BrokenPipeError(errno.EPIPE, os.strerror(errno.EPIPE))
+
+    return PlannerConsole
 
 
 def fmt_bytes(n_bytes: float) -> str:
