@@ -99,3 +99,75 @@ def test_sizes_up_to_the_limits_give_finite_non_negative_figures_that_fit_and_sw
                                                        setup).stages)
         assert exact > 0
         assert float(peak[i]) == pytest.approx(exact, rel=1e-12)
+
+
+# --------------------------------------------------------------------------- layout products
+from pydantic import ValidationError  # noqa: E402
+
+from conftest import run_zplan  # noqa: E402
+from planner.core.spec import MAX_RANKS, MAX_SEQUENCES, Layout  # noqa: E402
+from planner.timing import steptime  # noqa: E402
+
+
+def test_a_batch_product_that_would_wrap_is_refused_not_matched():
+    """(2^63 - 1)^2 = 2^126 - 2^64 + 1, which is 1 modulo 2^64: in int64 columns micro_batch =
+    grad_accum = 2^63 - 1 on one GPU 'equal' a global batch of 1. Before the bounds this passed
+    the batch rule, printed a negative step time and exited 1 ("does not fit")."""
+    big = np.array([2**63 - 1], dtype=np.int64)
+    with np.errstate(over="ignore"):
+        assert int((big * big * np.int64(1))[0]) == 1  # the wrap the bounds rule out
+    with pytest.raises(ValidationError, match="less than or equal to 1073741824"):
+        Layout(micro_batch=2**63 - 1, grad_accum=2**63 - 1)
+    proc = run_zplan("fit", "--model", "gpt2", "--gpu", "a100-80gb", "--gpus", "1", "--micro-batch",
+                     str(2**63 - 1), "--grad-accum", str(2**63 - 1), "--global-batch", "1")
+    assert proc.returncode == 2 and len(proc.stderr.splitlines()) == 1 and proc.stdout == ""
+    assert proc.stderr.startswith("zplan: error: micro_batch:")
+
+
+def test_products_of_layout_fields_are_bounded_with_exact_integers():
+    """Each field within its bound, their product past it: refused by Python's exact ints before
+    the rule table multiplies them in int64."""
+    with pytest.raises(ValidationError, match=r"tp\*cp\*pp\*dp = 1048576\*1\*1048576\*2 = "):
+        Layout(tp=2**20, pp=2**20, dp=2)
+    assert 2**20 * 2**20 * 2 > MAX_RANKS
+    with pytest.raises(ValidationError, match=r"micro_batch\*grad_accum\*dp = 32768\*32768\*2 = "):
+        Layout(micro_batch=2**15, grad_accum=2**15, dp=2)
+    Layout(micro_batch=2**15, grad_accum=2**15, dp=1)  # 2^30 = MAX_SEQUENCES: allowed
+    assert 2**30 == MAX_SEQUENCES
+
+
+def test_the_largest_batch_allowed_gives_a_finite_step_that_scales_linearly():
+    """GPT-2 on one A100 at micro-batch = global batch = 2^30 (the bound) and at 2^20: tokens of a
+    step are 2^30 x 1024 = 2^40, far from int64's 2^63. The step is compute-bound at both sizes,
+    so its time grows 1024-fold (to 1e-3: the optimizer step is paid once per step) and tokens/s
+    stays. At 2^54 sequences (2^64 tokens) the step time used to print nan."""
+    model, cluster = loading.load_model("gpt2"), loading.cluster_for_gpus("a100-80gb", 1)
+
+    def step(b: int) -> float:
+        return steptime.estimate_step(model, cluster, Layout(micro_batch=b), make_setup(1024, b, 1e12)).step_s
+
+    small, large = step(2**20), step(2**30)
+    assert np.isfinite(large) and large > 0
+    assert large / small == pytest.approx(1024, rel=1e-3)
+
+
+def test_hardware_rates_are_bounded_below_so_every_time_stays_finite():
+    """HBM at 1e-300 GB/s made the step time infinite (`--json` then refused to write it: exit 3).
+    At the least rate allowed, 1e-3 GB/s, GPT-2's step is some 1e6 s or more (its bf16 weights
+    alone, 2 x 124M bytes, read once at 1e6 B/s take 248 s) and still finite."""
+    from planner.core.limits import MIN_RATE_GB_PER_S
+    from planner.core.spec import GpuSpec, NodeSpec
+
+    cluster = loading.load_cluster("dgx2x32")
+    with pytest.raises(ValidationError, match="hbm_gb_per_s"):
+        GpuSpec.model_validate({**cluster.gpu.model_dump(), "hbm_gb_per_s": 1e-300})
+    with pytest.raises(ValidationError, match="peak_tflops"):
+        GpuSpec.model_validate({**cluster.gpu.model_dump(), "peak_tflops": {"fp16": 1e-300}})
+    with pytest.raises(ValidationError, match="nvme_read_gb_per_s=1e-300: 0 .no NVMe figures. or at least"):
+        NodeSpec.model_validate({**cluster.node.model_dump(), "nvme_read_gb_per_s": 1e-300})
+    NodeSpec.model_validate({**cluster.node.model_dump(), "nvme_read_gb_per_s": 0.0})  # no NVMe: allowed
+    slow = cluster.model_copy(update={"gpu": GpuSpec.model_validate(
+        {**cluster.gpu.model_dump(), "hbm_gb_per_s": MIN_RATE_GB_PER_S})})
+    step = steptime.estimate_step(loading.load_model("gpt2"), slow, Layout(dp=512),
+                                  make_setup(1024, 512, 1e12)).step_s
+    assert 248 < step < float("inf")

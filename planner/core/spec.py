@@ -13,11 +13,14 @@ Seed and paper citations: docs/references.md
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Literal, Self, get_args, get_origin
+from typing import Annotated, Any, Literal, Self, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from planner.core.field_docs import describe_fields
+from planner.core.limits import (MAX_LATENCY_US, MAX_LAYERS, MAX_MEMORY_GIB, MAX_NVME_TB, MAX_RANKS,
+                                 MAX_SEQ_LEN, MAX_SEQUENCES, MAX_TOKENS, MIN_EFFICIENCY,
+                                 MIN_PARAMS_PER_S, MIN_PEAK_TFLOPS, MIN_RATE_GB_PER_S)
 
 GIB = 1024**3
 MIB = 1024**2
@@ -365,8 +368,8 @@ class CollectivePoint(Frozen):
     level: Literal["intra", "inter"]
     """`intra`: ranks within one node; `inter`: one rank per node, across nodes."""
     ranks: int = Field(gt=0)
-    latency_us: float = Field(ge=0)
-    bus_gb_per_s: float = Field(gt=0)
+    latency_us: float = Field(ge=0, le=MAX_LATENCY_US)
+    bus_gb_per_s: float = Field(ge=MIN_RATE_GB_PER_S)
     source: str
 
 
@@ -378,8 +381,8 @@ class Fsdp2GroupPoint(Frozen):
     schedule: Literal["block", "root"]
     """`block`: resharded after forward (two all-gathers, one reduce-scatter); `root`: gathered once."""
     ranks: int = Field(gt=1)
-    latency_us: float = Field(ge=0)
-    group_gb_per_s: float = Field(gt=0)
+    latency_us: float = Field(ge=0, le=MAX_LATENCY_US)
+    group_gb_per_s: float = Field(ge=MIN_RATE_GB_PER_S)
     """Parameter bytes of the group per second of the fitted slope, GB/s."""
     source: str
 
@@ -389,13 +392,13 @@ class GpuSpec(Frozen):
 
     name: str
     """Identifier, e.g. `a100-80gb`."""
-    memory_gib: float = Field(gt=0)
+    memory_gib: float = Field(gt=0, le=MAX_MEMORY_GIB)
     """HBM capacity in GiB (2^30 bytes)."""
-    peak_tflops: dict[Dtype, float]
+    peak_tflops: dict[Dtype, Annotated[float, Field(ge=MIN_PEAK_TFLOPS)]]
     """Dense (no 2:4 sparsity) peak tensor throughput per dtype, in TFLOP/s (10^12)."""
-    hbm_gb_per_s: float = Field(gt=0)
+    hbm_gb_per_s: float = Field(ge=MIN_RATE_GB_PER_S)
     """HBM bandwidth in GB/s (10^9 bytes/s)."""
-    achieved_efficiency: float = Field(default=0.5, gt=0, le=1)
+    achieved_efficiency: float = Field(default=0.5, ge=MIN_EFFICIENCY, le=1)
     """Fraction of dense peak the large matmuls (GEMMs) of a training step achieve. The step-time
     model adds memory-bound element-wise kernels, the optimizer step, communication and the
     pipeline bubble on top, so this is above an end-to-end MFU (A100: 0.628 fitted to Narayanan
@@ -409,7 +412,7 @@ class GpuSpec(Frozen):
     """Achieved GEMM efficiencies by shape and dtype, each point with its own source (the step
     model's per-GEMM efficiency, planner.timing.gemm): published measurements in the shipped
     profiles, measured ones from `zplan calibrate hardware`; empty when none is known."""
-    usable_memory_gib: float | None = Field(default=None, gt=0)
+    usable_memory_gib: float | None = Field(default=None, gt=0, le=MAX_MEMORY_GIB)
     """Device memory CUDA reports to a process as the total, GiB as PyTorch prints it (two
     decimals): `torch.cuda.mem_get_info()[1]`, the "total capacity" of PyTorch's OOM message and
     vLLM's `total_memory`. What a process can ever use; below nvidia-smi's total on recent
@@ -470,27 +473,27 @@ class NodeSpec(Frozen):
     """Name of the GPU profile (a file in hardware_profiles/gpus/)."""
     gpus_per_node: int = Field(gt=0, le=100_000)
     """GPUs in one node."""
-    intra_node_gb_per_s: float = Field(gt=0)
+    intra_node_gb_per_s: float = Field(ge=MIN_RATE_GB_PER_S)
     """GPU-to-GPU bandwidth per GPU per direction inside the node (NVLink/NVSwitch or PCIe), GB/s."""
-    intra_node_latency_us: float = Field(ge=0)
+    intra_node_latency_us: float = Field(ge=0, le=MAX_LATENCY_US)
     """Latency of one intra-node message, microseconds (alpha of the alpha-beta model)."""
-    pcie_gb_per_s: float = Field(gt=0)
+    pcie_gb_per_s: float = Field(ge=MIN_RATE_GB_PER_S)
     """Host-to-device bandwidth per GPU per direction (offload traffic), GB/s."""
-    cpu_memory_gib: float = Field(ge=0)
+    cpu_memory_gib: float = Field(ge=0, le=MAX_MEMORY_GIB)
     """Host DRAM per node, GiB."""
-    nvme_capacity_tb: float = Field(default=0, ge=0)
+    nvme_capacity_tb: float = Field(default=0, ge=0, le=MAX_NVME_TB)
     """Local NVMe capacity per node, TB (10^12 bytes)."""
     nvme_read_gb_per_s: float = Field(default=0, ge=0)
     """Aggregate NVMe read bandwidth per node, GB/s."""
     nvme_write_gb_per_s: float = Field(default=0, ge=0)
     """Aggregate NVMe write bandwidth per node, GB/s."""
-    cpu_adam_params_per_s: float = Field(default=1e9, gt=0)
+    cpu_adam_params_per_s: float = Field(default=1e9, ge=MIN_PARAMS_PER_S)
     """Optimizer step throughput of the host CPUs for offloaded Adam, parameters per second."""
     collectives: tuple[CollectivePoint, ...] = ()
     """Measured intra-node collectives (`zplan calibrate hardware`), each with its own source."""
-    fsdp2_hook_us: float | None = Field(default=None, ge=0)
+    fsdp2_hook_us: float | None = Field(default=None, ge=0, le=MAX_LATENCY_US)
     """FSDP2's overhead per hook (four per parameter group per step), microseconds (`zplan calibrate hardware`)."""
-    dispatch_per_op_us: float | None = Field(default=None, ge=0)
+    dispatch_per_op_us: float | None = Field(default=None, ge=0, le=MAX_LATENCY_US)
     """Python + autograd overhead per op of a real forward + backward, microseconds (`zplan calibrate hardware`)."""
     fsdp2_groups: tuple[Fsdp2GroupPoint, ...] = ()
     """FSDP2 per-group cost as called, each with its own source (`zplan calibrate hardware`)."""
@@ -515,6 +518,11 @@ class NodeSpec(Frozen):
 
     @model_validator(mode="after")
     def _sources(self) -> NodeSpec:
+        for field in ("nvme_read_gb_per_s", "nvme_write_gb_per_s"):
+            rate = getattr(self, field)
+            if 0 < rate < MIN_RATE_GB_PER_S:
+                raise ValueError(f"{field}={rate}: 0 (no NVMe figures) or at least "
+                                 f"{MIN_RATE_GB_PER_S} GB/s")
         _require_sources(
             self,
             ("gpus_per_node", "intra_node_gb_per_s", "intra_node_latency_us", "pcie_gb_per_s",
@@ -533,9 +541,9 @@ class ClusterSpec(Frozen):
     """Name of the node profile (a file in hardware_profiles/nodes/)."""
     num_nodes: int = Field(gt=0, le=1_000_000)
     """Nodes in the cluster."""
-    inter_node_gb_per_s: float = Field(gt=0)
+    inter_node_gb_per_s: float = Field(ge=MIN_RATE_GB_PER_S)
     """Network bandwidth per node per direction (sum of its NICs), GB/s."""
-    inter_node_latency_us: float = Field(ge=0)
+    inter_node_latency_us: float = Field(ge=0, le=MAX_LATENCY_US)
     """Latency of one inter-node message, microseconds."""
     collectives: tuple[CollectivePoint, ...] = ()
     """Measured inter-node collectives (`zplan calibrate hardware` under torchrun), with sources."""
@@ -559,9 +567,9 @@ class Cluster(Frozen):
     """The node, repeated `num_nodes` times."""
     num_nodes: int = Field(gt=0, le=1_000_000)
     """Nodes in the cluster."""
-    inter_node_gb_per_s: float = Field(gt=0)
+    inter_node_gb_per_s: float = Field(ge=MIN_RATE_GB_PER_S)
     """Network bandwidth per node per direction, GB/s."""
-    inter_node_latency_us: float = Field(ge=0)
+    inter_node_latency_us: float = Field(ge=0, le=MAX_LATENCY_US)
     """Latency of one inter-node message, microseconds."""
 
     @property
@@ -632,25 +640,25 @@ MegatronOverlap = Literal["tp_comm", "grad_reduce", "param_gather"]
 class Layout(Frozen):
     """How the job is laid out on the cluster (the Execution of calculon)."""
 
-    tp: int = Field(default=1, gt=0)
+    tp: int = Field(default=1, gt=0, le=MAX_RANKS)
     """Tensor-parallel degree (t). Must divide heads and kv heads."""
-    pp: int = Field(default=1, gt=0)
+    pp: int = Field(default=1, gt=0, le=MAX_RANKS)
     """Pipeline-parallel degree (p). At most the number of layers."""
-    dp: int = Field(default=1, gt=0)
+    dp: int = Field(default=1, gt=0, le=MAX_RANKS)
     """Data-parallel degree (Nd): ranks that see different sequences. ZeRO / the distributed
     optimizer partitions over dp x cp ranks (Megatron's data-and-context-parallel group)."""
-    dp_shard: int | None = Field(default=None, gt=0)
+    dp_shard: int | None = Field(default=None, gt=0, le=MAX_RANKS)
     """HSDP shard group size: states sharded over dp_shard ranks and replicated over
     dp / dp_shard groups (torch 2.13 `fully_shard(mesh=2-D (replicate, shard))`; FSDP1
     `ShardingStrategy.HYBRID_SHARD` / `_HYBRID_SHARD_ZERO2`). None: the whole dp group. Must
     divide dp; needs dp_engine fsdp2 (rules.py; docs/collectives.md "HSDP")."""
-    ep: int = Field(default=1, gt=0)
+    ep: int = Field(default=1, gt=0, le=MAX_RANKS)
     """Expert-parallel degree (Megatron `--expert-model-parallel-size`): the routed experts of
     every MoE layer are split over `ep` ranks carved out of the dp ranks (Megatron-Core
     parallel_state.py: expert dp = tp·dp / (etp·ep) with expert tp = tp); the expert weights'
     gradients and optimizer states are sharded over the dp / ep expert-data-parallel ranks.
     1 for dense models (planner.memory.experts, docs/moe.md)."""
-    cp: int = Field(default=1, gt=0)
+    cp: int = Field(default=1, gt=0, le=MAX_RANKS)
     """Context-parallel degree (Megatron-LM `--context-parallel-size`; DeepSpeed Ulysses
     `sequence_parallel_size`): every sequence is split over cp ranks, world = tp x cp x pp x dp
     (planner/timing/context.py, docs/context_parallel.md)."""
@@ -658,12 +666,12 @@ class Layout(Frozen):
     """How attention sees the whole sequence under cp > 1 (Megatron `--cp-comm-type`): `p2p` ring
     attention (KV chunks passed peer to peer, overlapped with attention; the default) or `a2a`
     (Ulysses-style all-to-alls that trade the sequence split for a head split)."""
-    virtual_stages: int = Field(default=1, gt=0)
+    virtual_stages: int = Field(default=1, gt=0, le=MAX_LAYERS)
     """Model chunks per pipeline rank for the interleaved 1F1B schedule (1 = plain 1F1B)."""
-    first_stage_layers: int | None = Field(default=None, gt=0)
+    first_stage_layers: int | None = Field(default=None, gt=0, le=MAX_LAYERS)
     """Blocks on the first pipeline stage, as Megatron-LM's `--decoder-first-pipeline-num-layers`
     (None: the even split); the middle stages share the rest evenly (params.layers_per_stage)."""
-    last_stage_layers: int | None = Field(default=None, gt=0)
+    last_stage_layers: int | None = Field(default=None, gt=0, le=MAX_LAYERS)
     """Blocks on the last pipeline stage, as `--decoder-last-pipeline-num-layers` (None: even)."""
     zero_stage: Literal[0, 1, 2, 3] = 0
     """0 = DDP; 1 = optimizer states partitioned; 2 = + gradients; 3 = + parameters."""
@@ -681,9 +689,9 @@ class Layout(Frozen):
     """Activation recompute: none; selective (attention core, Korthikanti et al.);
     full (keep each layer's input); every_k (keep the input of every k-th layer); block (the
     first `recompute_num_layers` blocks of each chunk fully recomputed, the rest keep all)."""
-    recompute_every_k: int = Field(default=1, gt=0)
+    recompute_every_k: int = Field(default=1, gt=0, le=MAX_LAYERS)
     """For `every_k`: layers per checkpointed segment (ZeRO-Infinity's ci)."""
-    recompute_num_layers: int | None = Field(default=None, gt=0)
+    recompute_num_layers: int | None = Field(default=None, gt=0, le=MAX_LAYERS)
     """For `block` (Megatron-LM `--recompute-method block --recompute-num-layers n`): the first
     n blocks of every model chunk (each pipeline stage; each virtual chunk under interleaving)
     keep only their input and are recomputed, the others keep everything. A chunk of fewer
@@ -701,9 +709,9 @@ class Layout(Frozen):
     fused kernel for causal LMs; false for the unfused (s x s) account of Korthikanti §4."""
     tempo: tuple[TempoTechnique, ...] = ()
     """Tempo (seed 003) techniques: in-place `gelu`, in-place `layernorm`, `dropout` recompute."""
-    micro_batch: int = Field(default=1, gt=0)
+    micro_batch: int = Field(default=1, gt=0, le=MAX_SEQUENCES)
     """Sequences per micro-batch per data-parallel rank (b)."""
-    grad_accum: int = Field(default=1, gt=0)
+    grad_accum: int = Field(default=1, gt=0, le=MAX_SEQUENCES)
     """Micro-batches per step per data-parallel rank (m, the pipeline's micro-batch count)."""
     buffers: EngineBuffers = EngineBuffers()
     """The engines' bucket sizes (DeepSpeed zero_optimization keys, DDP bucket_cap_mb)."""
@@ -726,6 +734,16 @@ class Layout(Frozen):
     def _check(self) -> Layout:
         from planner.core.columns import CODED  # the rule table reads coded columns
         from planner.core.rules import layout_error
+
+        ranks = self.tp * self.cp * self.pp * self.dp  # Python ints: exact
+        if ranks > MAX_RANKS:
+            raise ValueError(f"tp*cp*pp*dp = {self.tp}*{self.cp}*{self.pp}*{self.dp} = {ranks:,} "
+                             f"ranks; at most {MAX_RANKS:,} (2^40)")
+        sequences = self.micro_batch * self.grad_accum * self.dp
+        if sequences > MAX_SEQUENCES:
+            raise ValueError(f"micro_batch*grad_accum*dp = {self.micro_batch}*{self.grad_accum}*"
+                             f"{self.dp} = {sequences:,} sequences per step; at most "
+                             f"{MAX_SEQUENCES:,} (2^30)")
 
         fields = {name: getattr(self, name) for name in ("tp", "pp", "ep", "virtual_stages",
                                                          "zero_stage",
@@ -826,11 +844,11 @@ class PrecisionRecipe(Frozen):
 class TrainSetup(Frozen):
     """What one run does: sequence length, batch, tokens, precision and optimizer."""
 
-    seq_len: int = Field(gt=0)
-    """Tokens per sequence (s)."""
-    global_batch: int = Field(gt=0)
+    seq_len: int = Field(gt=0, le=MAX_SEQ_LEN)
+    """Tokens per sequence (s); at most ModelSpec's bound on max_seq_len."""
+    global_batch: int = Field(gt=0, le=MAX_SEQUENCES)
     """Sequences per optimizer step across all data-parallel ranks."""
-    train_tokens: float = Field(gt=0)
+    train_tokens: float = Field(gt=0, le=MAX_TOKENS)
     """Tokens of the whole run (D)."""
     precision: PrecisionRecipe
     """Bytes of parameters, gradients, master copy and activations (planner.recipes)."""
@@ -846,7 +864,7 @@ class TrainSetup(Frozen):
     """Where offloaded states live (planner.memory.host, docs/host.md): `deepspeed` as the engine
     allocates them (a 16-bit gradient buffer in pinned CPU memory even under NVMe offload),
     `zero-infinity-paper` as the paper counts them (that buffer on NVMe too)."""
-    reserve_gib: float | None = Field(default=None, ge=0)
+    reserve_gib: float | None = Field(default=None, ge=0, le=MAX_MEMORY_GIB)
     """Runtime reserve per GPU, GiB, replacing the profile's CUDA context, NCCL, cuBLAS and
     fragmentation parts (`--reserve`); None: those parts from the GPU profile
     (planner.memory.reserve, docs/reserve.md)."""

@@ -31,6 +31,7 @@ import yaml
 from pydantic import Field, ValidationError
 
 from planner.core.errors import PlanInputError, format_validation_error
+from planner.core.limits import MIN_EFFICIENCY
 from planner.core.spec import Dtype, Frozen
 
 CALIBRATION_SCHEMA_VERSION = 2
@@ -52,7 +53,7 @@ class EfficiencyEntry(Frozen):
     """FlopCounterMode FLOPs of one step (forward + backward + recompute) / step time."""
     peak_flops_per_s: float | None = Field(default=None, gt=0)
     """Dense peak of the device for `dtype` (from the GPU profile or `--peak-tflops`); None if unknown."""
-    efficiency: float | None = Field(default=None, gt=0, le=1)
+    efficiency: float | None = Field(default=None, ge=MIN_EFFICIENCY, le=1)
     """Matmul-level fraction of the GPU profile's dense peak (what `achieved_efficiency` means):
     matmul_s_at_peak / (step_time_s - non_matmul_s), so that the step-time model reproduces the
     measured step. When `efficiency_source` is `end_to_end_fallback` it is the whole-step figure

@@ -32,6 +32,7 @@ from planner.io.loading import (
     validate_spec,
 )
 from planner.core.recipes import DEFAULT_OPTIMIZER, DEFAULT_PRECISION, get_optimizer, get_precision
+from planner.core.limits import MAX_MEMORY_GIB, MAX_SEQ_LEN, MAX_SEQUENCES, MAX_TOKENS
 from planner.core.spec import Cluster, Frozen, Layout, ModelSpec, TrainSetup
 
 
@@ -47,17 +48,17 @@ class GpuCount(Frozen):
 class SetupSection(Frozen):
     """The `setup:` mapping; precision and optimizer by name (planner.recipes)."""
 
-    seq_len: int = Field(gt=0)
+    seq_len: int = Field(gt=0, le=MAX_SEQ_LEN)
     """Tokens per sequence."""
-    global_batch: int = Field(gt=0)
+    global_batch: int = Field(gt=0, le=MAX_SEQUENCES)
     """Sequences per optimizer step across all data-parallel ranks."""
-    train_tokens: float = Field(gt=0)
+    train_tokens: float = Field(gt=0, le=MAX_TOKENS)
     """Tokens of the whole run; `300e9` (a YAML string) is accepted."""
     precision: str = DEFAULT_PRECISION
     """A recipe name of planner.recipes.PRECISIONS."""
     optimizer: str = DEFAULT_OPTIMIZER
     """An optimizer name of planner.recipes.OPTIMIZERS."""
-    reserve_gib: float | None = Field(default=None, ge=0)
+    reserve_gib: float | None = Field(default=None, ge=0, le=MAX_MEMORY_GIB)
     """Runtime reserve per GPU, GiB (TrainSetup.reserve_gib); omitted: the GPU profile's parts."""
     implementation: Literal["megatron", "hf-eager", "hf-sdpa"] = "megatron"
     """TrainSetup.implementation: the code that runs the blocks."""

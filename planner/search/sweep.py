@@ -281,7 +281,9 @@ def enumerate_product(model: ModelSpec, cluster: Cluster, setup: TrainSetup, c: 
     dp_s, b_s = struct[s_idx, 2], micro[b_idx]
     pairs = LayoutColumns(dict(tp=struct[s_idx, 0], pp=struct[s_idx, 1], dp=dp_s,
                                virtual_stages=struct[s_idx, 3], micro_batch=b_s,
-                               grad_accum=setup.global_batch // (dp_s * b_s),
+                               grad_accum=setup.global_batch // dp_s // b_s,  # = G // (dp·b),
+                               # without the product, which can pass int64 before the batch rule
+                               # drops the row (2^36 GPUs x micro-batch 2^30)
                                first_stage_layers=struct[s_idx, 4],
                                last_stage_layers=struct[s_idx, 5], ep=struct[s_idx, 6],
                                cp=struct[s_idx, 7], cp_comm_type=struct[s_idx, 8]))

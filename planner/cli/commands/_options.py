@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Optional
 import typer
 
 from planner.core.errors import PlanInputError
+from planner.core.limits import MAX_MEMORY_GIB, MAX_TOKENS, MIN_EFFICIENCY
 
 if TYPE_CHECKING:
     from planner.core.spec import Cluster, Layout, ModelSpec
@@ -89,7 +90,7 @@ GlobalBatchOpt = Annotated[Optional[int], typer.Option(
     "--global-batch", min=1, callback=int64, help=f"Sequences per optimizer step (default: {GLOBAL_BATCH_RULE}).",
     rich_help_panel=SETUP)]
 TokensOpt = Annotated[Optional[float], typer.Option(
-    "--tokens", min=1, callback=finite, help="Training tokens of the whole run, e.g. 300e9 (default: 300e9, or the "
+    "--tokens", min=1, max=MAX_TOKENS, callback=finite, help="Training tokens of the whole run, e.g. 300e9 (default: 300e9, or the "
                             "launch line's).", rich_help_panel=SETUP)]
 PrecisionOpt = Annotated[Optional[str], typer.Option(
     "--precision", help="Precision recipe: zero-fp16 (16 B/param), bf16-mixed (16), megatron-bf16 "
@@ -108,7 +109,7 @@ HostAccountingOpt = Annotated[Optional[str], typer.Option(
          "buffer in pinned CPU memory even under NVMe offload) or zero-infinity-paper (default: "
          "deepspeed; docs/host.md).", rich_help_panel=SETUP)]
 ReserveOpt = Annotated[Optional[float], typer.Option(
-    "--reserve", callback=finite,
+    "--reserve", max=MAX_MEMORY_GIB, callback=finite,
     help="Runtime reserve per GPU, GiB, replacing the GPU profile's parts (CUDA context, NCCL "
          "buffers, cuBLAS workspace; in training plans also fragmentation) (default: the "
          "profile's; docs/reserve.md).", rich_help_panel=SETUP)]
@@ -122,7 +123,7 @@ MoeLoadImbalanceOpt = Annotated[Optional[float], typer.Option(
     help="MoE load imbalance: the busiest expert-parallel rank gets this factor x the average "
          "routed tokens (default: 1.0, balanced; docs/moe.md).", rich_help_panel=SETUP)]
 CpuMemOpt = Annotated[Optional[float], typer.Option(
-    "--cpu-mem-gib", min=0, callback=finite,
+    "--cpu-mem-gib", min=0, max=MAX_MEMORY_GIB, callback=finite,
     help="Host RAM per node this job may use, GiB (default: the node profile's, or its share on "
          "a slice of a node; docs/host.md).", rich_help_panel=SETUP)]
 OptimizerOpt = Annotated[Optional[str], typer.Option(
@@ -297,7 +298,7 @@ OffloadParamsPinsOpt = Annotated[Optional[str], typer.Option(
     "--offload-params", help=_OFFLOAD_PARAMS + _PINS, rich_help_panel=LAYOUT)]
 
 EfficiencyOpt = Annotated[Optional[float], typer.Option(
-    "--efficiency", min=0.0, max=1.0, callback=finite,
+    "--efficiency", min=MIN_EFFICIENCY, max=1.0, callback=finite,
     help="Fraction of dense peak FLOP/s the matmuls reach, 0-1 (default: the --calibration file's, "
          "else the GPU profile's achieved_efficiency).")]
 
