@@ -1,6 +1,8 @@
 """Inputs and model arithmetic: what is trained, on what, laid out how, and what it costs.
 
 - `spec`: the typed inputs (`ModelSpec`, `Cluster`, `Layout`, `TrainSetup`) and unit constants.
+- `limits`: the bounds on every size a user gives (ranks, sequences, memory, tokens, rates), one
+  place for the input models and the command-line options.
 - `columns`: `LayoutColumns`, layouts as a structure of arrays (one layout = one row).
 - `rules`: the layout rules, once: a mask for the sweep and a one-line error for fit / check.
 - `errors`: `PlanInputError`, the one-line bad-input error (exit 2).

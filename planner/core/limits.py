@@ -40,10 +40,11 @@ MAX_TOKENS = 1e18
 """Most training tokens of a run: some 25,000 times the largest published runs (~4e13), and small
 enough that 6·N·D and the days stay finite (1e300 tokens wrote `Infinity` into `--json`)."""
 
-MIN_EFFICIENCY = 0.01
+MIN_EFFICIENCY = 1e-6
 """Least fraction of peak FLOP/s a run may be given (`--efficiency`, a GPU profile's
-achieved_efficiency, a calibration entry): 1 %, below any measured training run (the lowest
-published rows are near 10 % MFU); 0 or 1e-300 made the step time infinite."""
+achieved_efficiency, a calibration entry): a millionth. Not higher: `zplan calibrate` on a CPU
+inverts its measured step against a GPU profile's peak and writes entries near 1e-3 and below
+(tests/test_calibrate.py); 0 or 1e-300 made the step time infinite."""
 
 MIN_RATE_GB_PER_S = 1e-3
 """Least bandwidth a hardware profile may state (HBM, NVLink / PCIe, network, NVMe when present,
