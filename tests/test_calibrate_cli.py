@@ -37,9 +37,22 @@ def _validate(kind: str, document: dict) -> None:
 # --------------------------------------------------------------------------- --nproc vs devices
 
 
+def test_nproc_on_the_cpu_is_bounded_by_the_cores() -> None:
+    """4 ranks per core, at least 8: --nproc 100000 used to start processes importing torch
+    until the machine ran out of memory."""
+    check_nproc_devices(8, "cpu", False, 0, cpu_cores=1)      # at least 8
+    check_nproc_devices(64, "auto", False, 0, cpu_cores=16)   # 4 x 16
+    with pytest.raises(PlanInputError) as err:
+        check_nproc_devices(65, "cpu", True, 8, cpu_cores=16)
+    assert err.value.field == "nproc" and "at most 64 ranks on this 16-core machine" in str(err.value)
+    with pytest.raises(PlanInputError):
+        check_nproc_devices(100_000, "auto", False, 0, cpu_cores=2)
+    check_nproc_devices(100_000, "cuda", True, 100_000, cpu_cores=2)  # one rank per GPU: the GPUs bound it
+
+
 def test_nproc_needs_one_cuda_device_per_rank() -> None:
     check_nproc_devices(2, "cuda", True, 2)          # enough devices
-    check_nproc_devices(4, "cpu", True, 1)           # the CPU with gloo: any number of ranks
+    check_nproc_devices(4, "cpu", True, 1)           # the CPU with gloo: up to 8 ranks on 1 core
     check_nproc_devices(4, "auto", False, 0)         # auto without CUDA is the CPU
     check_nproc_devices(1, "cuda", True, 1)          # one rank
     for device, available, count in (("cuda", True, 1), ("cuda:0", True, 3), ("auto", True, 1)):

@@ -47,16 +47,28 @@ def check_size(model: ModelSpec, max_params: float) -> None:
             "scale it down with --layers/--hidden/--heads/--ffn/--vocab")
 
 
-def check_nproc_devices(nproc: int, device: str, cuda_available: bool, cuda_devices: int) -> None:
+def cpu_rank_limit(cpu_cores: int) -> int:
+    """Most gloo ranks `--nproc` may start on the CPU: 4 per core, at least 8. Each rank is a
+    process that imports torch (~0.4 GB); `--nproc 100000` started them until the machine ran
+    out of memory, and past a few ranks per core each one's timings measure the scheduler."""
+    return max(8, 4 * cpu_cores)
+
+
+def check_nproc_devices(nproc: int, device: str, cuda_available: bool, cuda_devices: int,
+                        cpu_cores: int = 1) -> None:
     """Refuse `--nproc N` under a CUDA request (`cuda`, `cuda:N`, or `auto` with CUDA present)
     on a machine with fewer than N CUDA devices: one rank per device, never N ranks on one GPU
     (NCCL refuses two ranks on one device; a crash of N processes is not an answer). `--device
-    cpu` runs the N ranks on the CPU with gloo instead."""
+    cpu` runs the N ranks on the CPU with gloo instead, at most `cpu_rank_limit` of them."""
     on_cuda = device.startswith("cuda") or (device == "auto" and cuda_available)
     if nproc > 1 and on_cuda and cuda_devices < nproc:
         raise PlanInputError(
             "nproc", f"--nproc {nproc} needs {nproc} CUDA devices (one rank each) but this machine has "
             f"{cuda_devices}; use --nproc {max(cuda_devices, 1)} or --device cpu (gloo on the CPU)")
+    if not on_cuda and nproc > cpu_rank_limit(cpu_cores):
+        raise PlanInputError(
+            "nproc", f"--nproc {nproc} on the CPU: at most {cpu_rank_limit(cpu_cores)} ranks on this "
+            f"{cpu_cores}-core machine (4 per core, at least 8; each rank is a process importing torch)")
 
 
 class RunSpec(Frozen):

@@ -9,6 +9,8 @@ import time.
 
 from __future__ import annotations
 
+import os
+
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
@@ -109,7 +111,8 @@ def _check_devices(nproc: int, device: str) -> None:
     import torch
 
     available = torch.cuda.is_available()
-    check_nproc_devices(nproc, device, available, torch.cuda.device_count() if available else 0)
+    check_nproc_devices(nproc, device, available, torch.cuda.device_count() if available else 0,
+                        len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
 
 
 def _calibrate_hf(path: Path, attention: str, seq_len: int, micro_batch: int,
