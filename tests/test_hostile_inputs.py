@@ -246,6 +246,13 @@ CASES = [
          {}, "--efficiency"),
     Case("tiny-efficiency-zero", ["infer", "--model", "gpt2", "--gpu", "a100-80gb", "--efficiency", "0"], {},
          "--efficiency"),
+    Case("huge-params", ["budget", "--params", "1e300", "--tokens", "1e12", "--cluster", "dgx-a100x128", "--json"],
+         {}, "--params"),
+    Case("tiny-params", ["budget", "--params", "1e-300", "--tokens", "1e12", "--cluster", "dgx-a100x128", "--json"],
+         {}, "--params"),
+    Case("tiny-mfu", ["budget", "--model", "gpt2", "--tokens", "1e12", "--cluster", "dgx-a100x128", "--mfu",
+                      "1e-300", "--json"], {}, "--mfu"),
+    Case("huge-gpu-hours", ["budget", "--gpu-hours", "1e300", "--cluster", "dgx-a100x128"], {}, "--gpu-hours"),
     # ---- unknown keys
     Case("unknown-job-key", ["check", "job.yaml"], {"job.yaml": JOB + "zero_stage: 3\n"}, "zero_stage"),
     Case("unknown-model-key", FIT_MODEL, {"m.yaml": MODEL + "num_experts_typo: 8\n"}, "num_experts_typo"),

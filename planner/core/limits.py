@@ -59,3 +59,14 @@ MIN_PEAK_TFLOPS = 1e-6
 
 MIN_PARAMS_PER_S = 1.0
 """Least host optimizer throughput a node profile may state, parameters per second."""
+
+MAX_PARAMS = 1e18
+"""Most parameters `zplan budget --params` may name: some 500,000 times the largest published
+models (~2e12); at least 1. 1e300 (or 1e-300) parameters made the scaling law's terms infinite
+and `--json` refused to write them."""
+
+MAX_DAYS = 1e6
+"""Most days a `zplan budget` may span (some 2,700 years)."""
+
+MAX_GPU_HOURS = 1e15
+"""Most GPU-hours a `zplan budget` may name (a million GPUs for a hundred thousand years)."""

@@ -10,6 +10,7 @@ import typer
 from planner.cli.commands import _options as opt
 from planner.cli.commands._common import EXIT_DOES_NOT_FIT, EXIT_FITS, input_errors_exit_2
 from planner.core.errors import PlanInputError
+from planner.core.limits import MAX_DAYS, MAX_GPU_HOURS, MAX_PARAMS, MIN_EFFICIENCY
 
 WeightsOpt = Annotated[str, typer.Option("--weights", help="Weight dtype: fp32, bf16, fp16, fp8, int8, int4 (scales not counted).")]
 KvDtypeOpt = Annotated[Optional[str], typer.Option("--kv-dtype", help="KV-cache dtype: fp32, fp16, bf16, fp8, int8 (default: the weights' float dtype, fp16 for int weights).")]
@@ -109,14 +110,14 @@ def _choice(field: str, value: str, allowed: tuple[str, ...]) -> str:
 @input_errors_exit_2
 def budget(
     model: opt.ModelOrNoneOpt = None,
-    params: Annotated[Optional[float], typer.Option("--params", callback=opt.finite, help="Parameter count instead of --model (e.g. 70e9).")] = None,
+    params: Annotated[Optional[float], typer.Option("--params", min=1, max=MAX_PARAMS, callback=opt.finite, help="Parameter count instead of --model (e.g. 70e9).")] = None,
     tokens: opt.TokensOpt = None,
     cluster: opt.ClusterOpt = None,
     gpu: opt.GpuOpt = None,
     gpus: opt.GpusOpt = None,
-    days: Annotated[Optional[float], typer.Option("--days", callback=opt.finite, help="Wall-clock days of the budget.")] = None,
-    gpu_hours: Annotated[Optional[float], typer.Option("--gpu-hours", callback=opt.finite, help="GPU-hours of the budget (instead of --days).")] = None,
-    mfu: Annotated[Optional[float], typer.Option("--mfu", callback=opt.finite, help="Utilisation of dense peak (default: the GPU profile's end_to_end_utilisation, a published run's).")] = None,
+    days: Annotated[Optional[float], typer.Option("--days", max=MAX_DAYS, callback=opt.finite, help="Wall-clock days of the budget.")] = None,
+    gpu_hours: Annotated[Optional[float], typer.Option("--gpu-hours", max=MAX_GPU_HOURS, callback=opt.finite, help="GPU-hours of the budget (instead of --days).")] = None,
+    mfu: Annotated[Optional[float], typer.Option("--mfu", min=MIN_EFFICIENCY, max=1.0, callback=opt.finite, help="Utilisation of dense peak (default: the GPU profile's end_to_end_utilisation, a published run's).")] = None,
     calibration: opt.CalibrationOpt = None,
     dtype: Annotated[str, typer.Option("--dtype", help="Dtype whose dense peak counts (bf16, fp16, fp8, ...).")] = "bf16",
     recompute: opt.RecomputeOpt = None,
