@@ -253,6 +253,8 @@ CASES = [
     Case("tiny-mfu", ["budget", "--model", "gpt2", "--tokens", "1e12", "--cluster", "dgx-a100x128", "--mfu",
                       "1e-300", "--json"], {}, "--mfu"),
     Case("huge-gpu-hours", ["budget", "--gpu-hours", "1e300", "--cluster", "dgx-a100x128"], {}, "--gpu-hours"),
+    Case("huge-ds-bucket", CHECK_DS, {"ds.json": _ds(zero_optimization={"stage": 3, "reduce_bucket_size": 1e300})},
+         "reduce_bucket"),
     # ---- unknown keys
     Case("unknown-job-key", ["check", "job.yaml"], {"job.yaml": JOB + "zero_stage: 3\n"}, "zero_stage"),
     Case("unknown-model-key", FIT_MODEL, {"m.yaml": MODEL + "num_experts_typo: 8\n"}, "num_experts_typo"),

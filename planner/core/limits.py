@@ -70,3 +70,9 @@ MAX_DAYS = 1e6
 
 MAX_GPU_HOURS = 1e15
 """Most GPU-hours a `zplan budget` may name (a million GPUs for a hundred thousand years)."""
+
+MAX_BUCKET_ELEMENTS = 2**50
+"""Most elements (or bytes) an engine bucket or threshold may name (DeepSpeed's reduce / allgather
+/ prefetch buckets, max live parameters, the persistence threshold; DDP's bucket bytes): some 1e15,
+past any model's parameters, and x 8 bytes still below 2^63. DeepSpeed's `reduce_bucket_size:
+1e300` crashed the plan (exit 3)."""

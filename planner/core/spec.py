@@ -18,7 +18,7 @@ from typing import Annotated, Any, Literal, Self, get_args, get_origin
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from planner.core.field_docs import describe_fields
-from planner.core.limits import (MAX_LATENCY_US, MAX_LAYERS, MAX_MEMORY_GIB, MAX_NVME_TB, MAX_RANKS,
+from planner.core.limits import (MAX_BUCKET_ELEMENTS, MAX_LATENCY_US, MAX_LAYERS, MAX_MEMORY_GIB, MAX_NVME_TB, MAX_RANKS,
                                  MAX_SEQ_LEN, MAX_SEQUENCES, MAX_TOKENS, MIN_EFFICIENCY,
                                  MIN_PARAMS_PER_S, MIN_PEAK_TFLOPS, MIN_RATE_GB_PER_S)
 
@@ -602,18 +602,18 @@ class EngineBuffers(Frozen):
     prefetching / persistence off); DDP's bucket > 0.
     """
 
-    reduce_bucket_elements: int = Field(default=500_000_000, gt=0)
+    reduce_bucket_elements: int = Field(default=500_000_000, gt=0, le=MAX_BUCKET_ELEMENTS)
     """DeepSpeed `zero_optimization.reduce_bucket_size`, elements; default 5e8."""
-    allgather_bucket_elements: int = Field(default=500_000_000, ge=0)
+    allgather_bucket_elements: int = Field(default=500_000_000, ge=0, le=MAX_BUCKET_ELEMENTS)
     """DeepSpeed `zero_optimization.allgather_bucket_size`, elements; default 5e8 (ZeRO-1/2)."""
-    prefetch_bucket_elements: int = Field(default=50_000_000, ge=0)
+    prefetch_bucket_elements: int = Field(default=50_000_000, ge=0, le=MAX_BUCKET_ELEMENTS)
     """DeepSpeed `zero_optimization.stage3_prefetch_bucket_size`, elements; default 5e7."""
-    max_live_parameters: int = Field(default=1_000_000_000, ge=0)
+    max_live_parameters: int = Field(default=1_000_000_000, ge=0, le=MAX_BUCKET_ELEMENTS)
     """DeepSpeed `zero_optimization.stage3_max_live_parameters`, elements; default 1e9."""
-    param_persistence_threshold: int = Field(default=100_000, ge=0)
+    param_persistence_threshold: int = Field(default=100_000, ge=0, le=MAX_BUCKET_ELEMENTS)
     """DeepSpeed `zero_optimization.stage3_param_persistence_threshold`, elements; default 1e5:
     ZeRO-3 keeps tensors of at most this many elements whole on every GPU."""
-    ddp_bucket_bytes: int = Field(default=25 * 1024 * 1024, gt=0)
+    ddp_bucket_bytes: int = Field(default=25 * 1024 * 1024, gt=0, le=MAX_BUCKET_ELEMENTS)
     """PyTorch DDP `bucket_cap_mb` x 1024 x 1024, bytes; default 25 MiB (26,214,400)."""
 
     @field_validator("*", mode="before")
