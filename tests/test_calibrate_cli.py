@@ -187,3 +187,44 @@ def test_sdpa_backend_is_read_from_the_graph() -> None:
     eager = measure_row(LLAMA, "eager", "fp32", 8, 2, 1, "cpu")
     assert eager.attention_backend == ""
     assert backend_name({"flash": 1}, 2) == "mixed (flash 1, math 1)"
+
+
+# --------------------------------------------------------------------------- a run too big for the machine
+
+
+def test_an_allocation_the_device_cannot_make_is_one_line_exit_2_not_a_bug(tmp_path: Path) -> None:
+    """One block of width 32 at 1,000,000 tokens: the unfused attention scores alone are
+    1e6 x 1e6 x 4 bytes = 4e12 bytes (torch asks the allocator for 1e12 bytes first), past this
+    process's address-space limit of 16 GB. torch's CPU allocator refuses with a RuntimeError;
+    that used to print "internal error (a bug in zplan)" and exit 3."""
+    import resource
+    import subprocess
+    import sys
+
+    pytest.importorskip("torch")
+    from conftest import PACKAGE_PARENT
+
+    (tmp_path / "small.yaml").write_text(
+        "name: small\narch: decoder\nnum_layers: 1\nhidden_size: 32\nnum_heads: 2\nffn_hidden_size: 64\n"
+        "vocab_size: 64\nmax_seq_len: 100000000\nmlp: gelu\nnorm: layernorm\nposition: rotary\n"
+        "tied_embeddings: true\nlinear_bias: true\nfinal_norm: true\ndropout: false\n")
+    limit = 16 * 10**9
+    proc = subprocess.run(
+        [sys.executable, "-m", "planner", "calibrate", "model", "--model", "small.yaml", "--seq-len",
+         "1000000", "--micro-batch", "1", "--steps", "1", "--device", "cpu"],
+        capture_output=True, text=True, cwd=tmp_path, timeout=300,
+        env={"PATH": "", "PYTHONPATH": str(PACKAGE_PARENT)},
+        preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_AS, (limit, limit)))
+    assert proc.returncode == 2, proc.stderr
+    assert len(proc.stderr.splitlines()) == 1 and proc.stdout == ""
+    assert proc.stderr.startswith("zplan: error: memory: the run needs more memory than this device has")
+
+
+def test_other_runtime_errors_of_a_run_stay_bugs() -> None:
+    from planner.cli.commands.calibrate_cmd import _within_memory
+
+    with pytest.raises(PlanInputError) as err, _within_memory():
+        raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
+    assert err.value.field == "memory"
+    with pytest.raises(RuntimeError, match="shape mismatch"), _within_memory():
+        raise RuntimeError("shape mismatch")

@@ -10,8 +10,9 @@ import time.
 from __future__ import annotations
 
 import os
-
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated
@@ -96,7 +97,8 @@ def calibrate(
         raise PlanInputError("gpu", f"--gpu {gpu} names the GPU this run is on, but it runs on the CPU; "
                              "use --peak-tflops for a CPU peak")
     peak = _peak_flops_per_s(gpu, peak_tflops, runs, dirs)
-    results = _run_with_progress(runs, steps, warmup, device, early_stop, norm_impl, quiet=json_out)
+    with _within_memory():
+        results = _run_with_progress(runs, steps, warmup, device, early_stop, norm_impl, quiet=json_out)
     distributed = None
     if nproc > 1:
         from planner.calibrate.distributed import run_distributed
@@ -122,12 +124,31 @@ def _calibrate_hf(path: Path, attention: str, seq_len: int, micro_batch: int,
     from planner.cli.report import calibrate as report
 
     kwargs = {"precisions": tuple(precision)} if precision else {}
-    rows = calibrate_hf(path, seq_len=seq_len, micro_batch=micro_batch, attention=attention,
-                        cpu_layers=layers or 2, **kwargs)
+    with _within_memory():
+        rows = calibrate_hf(path, seq_len=seq_len, micro_batch=micro_batch, attention=attention,
+                            cpu_layers=layers or 2, **kwargs)
     if json_out:
         report.render_hf_json(str(path), rows)
     else:
         print(render(rows))
+
+
+@contextmanager
+def _within_memory() -> Iterator[None]:
+    """A run that asks the device for more memory than it has is a configuration this machine
+    cannot take, not a bug in zplan: one line naming the allocation, exit 2 (it was an
+    "internal error", exit 3). torch's CPU allocator raises a RuntimeError "can't allocate
+    memory", CUDA `torch.OutOfMemoryError` (a RuntimeError), Python a MemoryError."""
+    try:
+        yield
+    except (MemoryError, RuntimeError) as err:
+        text = str(err)
+        if not (isinstance(err, MemoryError) or "can't allocate memory" in text
+                or "out of memory" in text.lower()):
+            raise
+        first = text.strip().splitlines()[0] if text.strip() else type(err).__name__
+        raise PlanInputError("memory", f"the run needs more memory than this device has ({first}); "
+                             "give a smaller --seq-len, --micro-batch, --grid or model") from None
 
 
 def _runs_on_cpu(device: str) -> bool:
@@ -257,7 +278,8 @@ def hardware(
         threads_per_rank=threads, max_message_bytes=max_message_bytes, kernel_max_bytes=kernel_max_bytes, timeout_s=timeout_s,
         file_path=nvme_path, file_bytes=nvme_bytes, clock=clock, stall_rank=stall_rank, stall_s=stall_s,
         **_peaks(gpu, peak_tflops, dtype or _default_dtypes(device), opt.extra_dirs(profiles)))
-    parts = _measure(cfg, env, quiet=json_out)
+    with _within_memory():
+        parts = _measure(cfg, env, quiet=json_out)
     if parts is None:  # a torchrun rank other than 0
         return
     written = _write(parts, out, name)
