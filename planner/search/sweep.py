@@ -991,11 +991,11 @@ def overflow_reason(cols: dict[str, np.ndarray], i: int, cluster: Cluster) -> st
 def _row(cands, cols, i: int, c: Constraints, cluster: Cluster, fits: bool,
          variants: list[str] | None = None) -> SweepRow:
     """The result row of candidate i. Its Layout is validated; the estimate and the row hold
-    the evaluation's own floats and ints (`model_construct`: no user input to check)."""
+    the evaluation's own floats and ints (`Frozen.computed`: no user input to check)."""
     est = {k: float(cols[k][i]) for k in steptime.StepEstimate.model_fields if k in cols}
-    return SweepRow.model_construct(
+    return SweepRow.computed(
         layout=layout_at(cands, i, c),
-        estimate=steptime.StepEstimate.model_construct(
+        estimate=steptime.StepEstimate.computed(
             **est, compute_efficiency=float(cols["efficiency"][0])),
         gpu_peak_bytes=int(cols["gpu_peak_bytes"][i]), peak_stage=int(cols["peak_stage"][i]),
         headroom_bytes=int(cols["headroom_bytes"][i]), node_cpu_bytes=int(cols["node_cpu_bytes"][i]),
@@ -1101,7 +1101,7 @@ def sweep(model: ModelSpec, cluster: Cluster, setup: TrainSetup, constraints: Co
     base = dict(model=model.name, cluster=cluster.name, num_gpus=cluster.num_gpus, sort=sort,
                 evaluated=n, excluded=excluded)
     if n == 0:
-        return SweepResult(**base, fitting=0, rejected_gpu=0, rejected_cpu=0, rejected_nvme=0,
+        return SweepResult.computed(**base, fitting=0, rejected_gpu=0, rejected_cpu=0, rejected_nvme=0,
                            top=[], rejected=[], empty_reason=explain_empty(model, cluster, setup, c),
                            seconds=time.perf_counter() - start)
     cols = evaluate_all(model, cluster, setup, cands, c, efficiency, progress, activity_key)
@@ -1121,7 +1121,7 @@ def sweep(model: ModelSpec, cluster: Cluster, setup: TrainSetup, constraints: Co
     if good and int(cands["cp"][good[0][0]]) > 1:
         plain = rank_order(cols, np.nonzero(fits & shown & (cands["cp"] == 1))[0], sort, 1)
         without_cp = _row(cands, cols, int(plain[0]), c, cluster, True) if len(plain) else None
-    return SweepResult(
+    return SweepResult.computed(
         **base, fitting=int(fits.sum()), rejected_gpu=int((~ok[0]).sum()),
         rejected_cpu=int((~ok[1]).sum()), rejected_nvme=int((~ok[2]).sum()),
         top=[with_engines(_row(cands, cols, i, c, cluster, True, [variant_label(cands, j, i) for j in folded]),
