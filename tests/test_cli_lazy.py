@@ -36,18 +36,27 @@ def test_the_static_command_table_names_exactly_the_registered_commands():
     assert registered == {name: command.module for name, command in COMMANDS.items()}
 
 
-def _modules_after(argv: list[str]) -> tuple[int, set[str]]:
-    """Exit code and the top-level modules imported by `zplan ARGV`, run in a fresh interpreter."""
-    code = ("import json, sys\n"
+def _after_main(argv: list[str], report: str, imports: str = "sys", env: dict[str, str] | None = None):
+    """Run `main(argv)` in a fresh interpreter and return the value of the Python expression
+    `report`, evaluated after the command (`status` holds its exit code; `imports` are imported
+    first). The value is written on a line of its own on stderr (after any progress bar)."""
+    code = (f"import {imports}\n"
             "from planner.cli.app import main\n"
+            "status = None\n"
             "try:\n"
             f"    main({argv!r})\n"
             "except SystemExit as exit:\n"
             "    status = exit.code\n"
-            "sys.__stderr__.write(json.dumps([status, sorted({m.split('.')[0] for m in sys.modules})]))\n")
+            f"sys.__stderr__.write('\\n' + repr({report}))\n")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
-                          cwd=PACKAGE_PARENT, env={"PATH": "", "COLUMNS": "100", "PYTHONPATH": str(PACKAGE_PARENT)})
-    status, modules = json.loads(proc.stderr.strip().splitlines()[-1])
+                          cwd=PACKAGE_PARENT, env={"PATH": "", "COLUMNS": "100",
+                                                   "PYTHONPATH": str(PACKAGE_PARENT), **(env or {})})
+    return ast.literal_eval(proc.stderr.strip().splitlines()[-1])
+
+
+def _modules_after(argv: list[str]) -> tuple[int, set[str]]:
+    """Exit code and the top-level modules imported by `zplan ARGV`, run in a fresh interpreter."""
+    status, modules = _after_main(argv, "(status, sorted({m.split('.')[0] for m in sys.modules}))")
     return status, set(modules)
 
 
@@ -66,18 +75,8 @@ def test_a_command_imports_only_what_it_needs(argv, absent):
 
 def _blas_after(argv: list[str], env: dict[str, str]) -> tuple[str | None, int]:
     """OPENBLAS_NUM_THREADS and the process's thread count (Linux /proc) after `zplan ARGV`."""
-    code = ("import os, sys\n"
-            "from planner.cli.app import main\n"
-            "try:\n"
-            f"    main({argv!r})\n"
-            "except SystemExit:\n"
-            "    pass\n"
-            "threads = [l for l in open('/proc/self/status') if l.startswith('Threads:')][0].split()[1]\n"
-            "sys.__stderr__.write(repr((os.environ.get('OPENBLAS_NUM_THREADS'), int(threads))))\n")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
-                          cwd=PACKAGE_PARENT, env={"PATH": "", "COLUMNS": "100",
-                                                   "PYTHONPATH": str(PACKAGE_PARENT), **env})
-    return ast.literal_eval(proc.stderr.strip().splitlines()[-1])
+    threads = "int([l for l in open('/proc/self/status') if l.startswith('Threads:')][0].split()[1])"
+    return _after_main(argv, f"(os.environ.get('OPENBLAS_NUM_THREADS'), {threads})", "os, sys", env)
 
 
 @pytest.mark.cli
@@ -122,17 +121,7 @@ def test_a_numpy_command_leaves_its_objects_frozen_and_the_collector_on():
     traverse them) and a caller that catches SystemExit has its collector back; `calibrate`
     (here its help: no torch run) freezes nothing."""
     def after(argv: list[str]) -> tuple[bool, bool]:
-        code = ("import gc, sys\n"
-                "from planner.cli.app import main\n"
-                "try:\n"
-                f"    main({argv!r})\n"
-                "except SystemExit:\n"
-                "    pass\n"
-                "sys.__stderr__.write(repr((gc.isenabled(), gc.get_freeze_count() > 0)))\n")
-        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
-                              cwd=PACKAGE_PARENT, env={"PATH": "", "COLUMNS": "100",
-                                                       "PYTHONPATH": str(PACKAGE_PARENT)})
-        return ast.literal_eval(proc.stderr.strip().splitlines()[-1])
+        return _after_main(argv, "(gc.isenabled(), gc.get_freeze_count() > 0)", "gc, sys")
 
     assert after(["check", str(JOB)]) == (True, True)
     assert after(["calibrate", "--help"]) == (True, False)
@@ -145,17 +134,8 @@ def test_numpy_commands_leave_nothing_for_the_interpreter_s_teardown(tmp_path):
     running. Checked after the commands that write files or draw a progress bar (its refresh
     thread) as well as the plain ones."""
     def left_over(argv: list[str]) -> tuple[int, int, int]:
-        code = ("import atexit, sys, threading\n"
-                "from planner.cli.app import main\n"
-                "try:\n"
-                f"    main({argv!r})\n"
-                "except SystemExit as exit:\n"
-                "    status = exit.code\n"
-                "sys.__stderr__.write('\\n' + repr((status, atexit._ncallbacks(), threading.active_count())))\n")
-        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
-                              cwd=PACKAGE_PARENT, env={"PATH": "", "COLUMNS": "100",
-                                                       "PYTHONPATH": str(PACKAGE_PARENT)})
-        return ast.literal_eval(proc.stderr.strip().splitlines()[-1])
+        return _after_main(argv, "(status, atexit._ncallbacks(), threading.active_count())",
+                           "atexit, sys, threading")
 
     gpt2 = ["--model", "gpt2", "--cluster", "dgx2"]
     assert left_over(["check", str(JOB)]) == (0, 0, 1)
