@@ -18,9 +18,10 @@ from typing import Annotated, Any, Literal, Self, get_args, get_origin
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from planner.core.field_docs import describe_fields
-from planner.core.limits import (MAX_BUCKET_ELEMENTS, MAX_LATENCY_US, MAX_LAYERS, MAX_MEMORY_GIB, MAX_NVME_TB, MAX_RANKS,
-                                 MAX_SEQ_LEN, MAX_SEQUENCES, MAX_TOKENS, MIN_EFFICIENCY,
-                                 MIN_PARAMS_PER_S, MIN_PEAK_TFLOPS, MIN_RATE_GB_PER_S)
+from planner.core.limits import (MAX_BUCKET_ELEMENTS, MAX_LATENCY_US, MAX_LAYERS, MAX_MEMORY_GIB,
+                                 MAX_NVME_TB, MAX_RANKS, MAX_SEQ_LEN, MAX_SEQUENCES, MAX_TOKENS,
+                                 MIN_EFFICIENCY, MIN_PARAMS_PER_S, MIN_PEAK_TFLOPS,
+                                 MIN_RATE_GB_PER_S)
 
 GIB = 1024**3
 MIB = 1024**2
@@ -517,12 +518,18 @@ class NodeSpec(Frozen):
         return int(round(self.nvme_capacity_tb * TB))
 
     @model_validator(mode="after")
-    def _sources(self) -> NodeSpec:
+    def _nvme_rates(self) -> NodeSpec:
+        """0 means no NVMe figures (NVMe offload is then refused); a rate is at least
+        MIN_RATE_GB_PER_S, like every other bandwidth (planner/core/limits.py)."""
         for field in ("nvme_read_gb_per_s", "nvme_write_gb_per_s"):
             rate = getattr(self, field)
             if 0 < rate < MIN_RATE_GB_PER_S:
                 raise ValueError(f"{field}={rate}: 0 (no NVMe figures) or at least "
                                  f"{MIN_RATE_GB_PER_S} GB/s")
+        return self
+
+    @model_validator(mode="after")
+    def _sources(self) -> NodeSpec:
         _require_sources(
             self,
             ("gpus_per_node", "intra_node_gb_per_s", "intra_node_latency_us", "pcie_gb_per_s",
