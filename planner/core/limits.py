@@ -3,8 +3,8 @@ formula stays finite and exact in its int64 or float64 columns (and in a JSON do
 
 Plain numbers, no imports: the input models (planner/core/spec.py, planner/io/jobfile.py) and
 the command-line options (planner/cli/commands/_options.py, read by `--help` without pydantic)
-both take their bounds from here. The model's own sizes are bounded on `ModelSpec`'s fields
-(layers <= 100,000, hidden <= 1M, context <= 1e8 tokens, ...). tests/test_integer_safety.py
+both take their bounds from here. The model's other sizes are bounded on `ModelSpec`'s fields
+(hidden <= 1M, MLP width <= 10M, vocabulary <= 1e8, ...). tests/test_integer_safety.py
 and tests/test_hostile_inputs.py give each bound its reason.
 """
 
@@ -22,11 +22,11 @@ the batch rule: (2^63 - 1)^2 is 1 modulo 2^64, so micro_batch = grad_accum = 2^6
 global batch of 1 and gave a negative step time."""
 
 MAX_SEQ_LEN = 100_000_000
-"""Most tokens per sequence: ModelSpec's bound on max_seq_len."""
+"""Most tokens per sequence: a model's max_seq_len and a run's seq_len."""
 
 MAX_LAYERS = 100_000
-"""ModelSpec's bound on the blocks: layer counts a layout names (virtual stages, uneven first and
-last stages, recompute segments) cannot exceed it."""
+"""Most transformer blocks: a model's num_layers and every layer count a layout names (virtual
+stages, uneven first and last stages, recompute segments)."""
 
 MAX_MEMORY_GIB = 1e9
 """Most GiB one memory figure may state (a GPU's memory, a node's host RAM, a runtime reserve):

@@ -128,7 +128,7 @@ class ModelSpec(Frozen):
     """Short identifier, e.g. `gpt3-175b`."""
     arch: Literal["decoder", "encoder"] = "decoder"
     """`decoder` (causal LM, GPT/Llama) or `encoder` (BERT: token-type embeddings, embedding norm)."""
-    num_layers: int = Field(gt=0, le=100_000)
+    num_layers: int = Field(gt=0, le=MAX_LAYERS)
     """Transformer blocks (nl, L)."""
     hidden_size: int = Field(gt=0, le=1_000_000)
     """Model width (hd, h)."""
@@ -142,7 +142,7 @@ class ModelSpec(Frozen):
     """MLP inner width (4h for GPT; 11008 for Llama-2-7B). For MoE models: the dense-layer width."""
     vocab_size: int = Field(gt=0, le=100_000_000)
     """Vocabulary rows of the embedding matrix (V), as the checkpoint stores them (padded if so)."""
-    max_seq_len: int = Field(gt=0, le=100_000_000)
+    max_seq_len: int = Field(gt=0, le=MAX_SEQ_LEN)
     """Longest sequence the model supports (learned position-embedding rows)."""
     mlp: Literal["gelu", "swiglu"] = "gelu"
     """`gelu`: two matrices h->f->h; `swiglu`: gated, three matrices (gate, up, down)."""
