@@ -28,13 +28,6 @@ ISSUES = "the zplan issue tracker (include the command line and the input files)
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-class OutputClosed(Exception):
-    """Standard output's reader went away while a command wrote its result (a BrokenPipeError:
-    `zplan sweep ... | head`). Raised in its place because typer turns an EPIPE `OSError` into
-    exit 1 without a word (typer/core.py `_main`, as click does), and 1 means "does not fit";
-    this is not an OSError, so it passes typer to `main`: exit 4, one line."""
-
-
 def say(line: str) -> None:
     """One diagnostic line on stderr. When stderr's reader has gone too (`zplan ... 2>&1 | head`)
     nothing more can be said, and the line is dropped: the exit code still tells (before this,
@@ -54,8 +47,7 @@ def fail(message: str) -> typer.Exit:
 
 
 def input_errors_exit_2(func: F) -> F:
-    """Decorator for commands: any input error becomes one stderr line and exit code 2; a
-    closed standard output becomes `OutputClosed` (exit 4 in `main`)."""
+    """Decorator for commands: any input error becomes one stderr line and exit code 2."""
 
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -63,8 +55,6 @@ def input_errors_exit_2(func: F) -> F:
             return func(*args, **kwargs)
         except PlanInputError as err:
             raise fail(str(err)) from None
-        except BrokenPipeError as err:
-            raise OutputClosed(str(err)) from None
         except (FileNotFoundError, IsADirectoryError, PermissionError) as err:
             if err.filename is None:
                 raise
