@@ -329,12 +329,15 @@ def enumerate_product(model: ModelSpec, cluster: Cluster, setup: TrainSetup, c: 
         rejected |= block_rejected
         cols, key = cols.take(block_ok), key[block_ok]
     shard = dp_shard_rows(cluster, cols, c)
-    if shard is not None:  # the HSDP shard group: a column, masked by its rule
-        src, values = shard
-        cols, key = cols.take(src).with_columns(dp_shard=values), key[src]
-        hsdp_ok, hsdp_rejected = rules.mask(ctx, cols, rules.named(rules.DP_SHARD_RULE))
+    if shard is not None:  # the HSDP shard group: a column, masked by its rule (on the columns
+        src, values = shard  # the rule reads; then every column is gathered once)
+        rule = rules.named(rules.DP_SHARD_RULE)
+        read = LayoutColumns({name: cols[name].take(src) for name in rule[0].reads
+                              if name != "dp_shard"} | {"dp_shard": values})
+        hsdp_ok, hsdp_rejected = rules.mask(ctx, read, rule)
         rejected |= hsdp_rejected
-        cols, key = cols.take(hsdp_ok), key[hsdp_ok]
+        src = src[hsdp_ok]
+        cols, key = cols.take(src).with_columns(dp_shard=values[hsdp_ok]), key[src]
     return cols, rejected, key
 
 

@@ -266,7 +266,8 @@ def zero3_comm(r: "Rates", layers, stage_params, dp_local, dp, micro_batches, si
 
 
 def fsdp2_comm(r: "Rates", layers, stage_params, dp_local, dp, micro_batches, sizes: "ByteSizes",
-               fwd_mb_s, bwd_mb_s, reshard_after_forward, replica_layer_s=None, layer_comm=None):
+               fwd_mb_s, bwd_mb_s, reshard_after_forward: bool, replica_layer_s=None,
+               layer_comm=None):
     """PyTorch FSDP2 per step (`sharded_dp.fsdp2_step`), one `fully_shard` unit per block:
     all-gathers prefetched one unit ahead in forward and, with reshard_after_forward (ZeRO-3
     rows), again in backward; gradients reduce-scattered per unit on every micro-batch (torch
@@ -278,30 +279,28 @@ def fsdp2_comm(r: "Rates", layers, stage_params, dp_local, dp, micro_batches, si
     if layer_comm is None:
         layer_comm = layer_collectives_s(r, layers, stage_params, dp_local, dp, sizes)
     gather, reduce, _ = layer_comm
-    args = (gather, reduce, fwd_mb_s / layers, bwd_mb_s / layers, layers, micro_batches)
     replica = {} if replica_layer_s is None else {"replica_all_reduce_layer_s": replica_layer_s}
-
-    def copies(reshard):
-        c = sharded_dp.fsdp2_copy_bytes(stage_params, sizes.param_bytes, sizes.param_bytes,
-                                        sizes.grad_bytes, reshard)
-        return sharded_dp.fsdp2_copy_s(c, micro_batches, micro_batches, r.hbm_bw)
-    again = sharded_dp.fsdp2_step(*args, reshard_after_forward=True, interference=r.interference,
-                                  copy_s=copies(True), **replica)
-    kept = sharded_dp.fsdp2_step(*args, reshard_after_forward=False, interference=r.interference,
-                                 copy_s=copies(False), **replica)
-    pick = np.asarray(reshard_after_forward, dtype=bool)
-    return sharded_dp.DpCommTime(*(np.where(pick, a, b) for a, b in zip(again, kept)))
+    copies = sharded_dp.fsdp2_copy_bytes(stage_params, sizes.param_bytes, sizes.param_bytes,
+                                         sizes.grad_bytes, reshard_after_forward)
+    return sharded_dp.fsdp2_step(gather, reduce, fwd_mb_s / layers, bwd_mb_s / layers, layers,
+                                 micro_batches, reshard_after_forward=reshard_after_forward,
+                                 interference=r.interference,
+                                 copy_s=sharded_dp.fsdp2_copy_s(copies, micro_batches,
+                                                                micro_batches, r.hbm_bw),
+                                 **replica)
 
 
-def hsdp_replica_layer_s(r: "Rates", cols: LayoutColumns, layers, stage_params, grad_bytes):
-    """HSDP's replica all-reduce of one layer's reduce-scattered gradient shard, every row
-    (`sharded_dp.replica_all_reduce_layer_s` over `sharded_dp.hsdp_groups`); None when the
-    columns carry no dp_shard (every row shards over the whole dp group)."""
+def hsdp_replica_layer_s(r: "Rates", cols: LayoutColumns, rows, layers, stage_params, grad_bytes):
+    """HSDP's replica all-reduce of one layer's reduce-scattered gradient shard
+    (`sharded_dp.replica_all_reduce_layer_s` over `sharded_dp.hsdp_groups`) on the rows `rows`
+    of `cols` (an index array; `layers` and `stage_params` are those rows' values), evaluated
+    only where the FSDP2 terms need it; None when the columns carry no dp_shard (every row
+    shards over the whole dp group)."""
     if "dp_shard" not in cols:
         return None
-    shard = shard_ranks(cols)
-    groups = sharded_dp.hsdp_groups(cols["dp"] * cols.get("cp", 1), shard,
-                                    np.maximum(r.gpus_per_node // cols["tp"], 1))
+    shard = shard_ranks(cols)[rows]
+    groups = sharded_dp.hsdp_groups((cols["dp"] * cols.get("cp", 1))[rows], shard,
+                                    np.maximum(r.gpus_per_node // cols["tp"][rows], 1))
     return sharded_dp.replica_all_reduce_layer_s(stage_params / layers * grad_bytes, shard, groups,
                                                  r.intra_bw, r.intra_lat, r.inter_bw_per_gpu,
                                                  r.inter_lat)
@@ -620,8 +619,6 @@ def state_terms(r: Rates, cols: LayoutColumns, layers, stage_params, shard_param
                                coll["param_half_s"][rows], coll["bucket_half_s"][rows],
                                fwd_mb_s[rows], bwd_mb_s[rows], r.interference)
 
-    replica = hsdp_replica_layer_s(r, cols, layers, stage_params, grad_b)  # None: no HSDP
-
     def sharded(comm, rows, *extra):  # zero3_comm / fsdp2_comm on the rows
         t = comm(r, layers[rows], stage_params[rows], dp_local[rows], dp[rows], m[rows], sizes,
                  fwd_mb_s[rows], bwd_mb_s[rows], *extra,
@@ -631,12 +628,16 @@ def state_terms(r: Rates, cols: LayoutColumns, layers, stage_params, shard_param
     engine = cols["dp_engine"] if "dp_engine" in cols else np.zeros_like(zero)
     fsdp, z3 = engine == 1, (zero == 3) & (engine != 1)
 
+    def fsdp2(rows, reshard):  # None: no HSDP replica term
+        replica = hsdp_replica_layer_s(r, cols, rows, layers[rows], stage_params[rows], grad_b)
+        return sharded(fsdp2_comm, rows, reshard, replica)
+
     def dp_terms(rows):  # the engine's collectives on the rows `rows`
         total, exposed = piecewise(rows.shape, 2, [
             (~(fsdp | z3)[rows], lambda i: ddp_zero12(rows[i])),
             (z3[rows], lambda i: sharded(zero3_comm, rows[i])),
-            (fsdp[rows], lambda i: sharded(fsdp2_comm, rows[i], zero[rows[i]] == 3,
-                                            None if replica is None else replica[rows[i]]))])
+            ((fsdp & (zero == 3))[rows], lambda i: fsdp2(rows[i], True)),  # reshard after forward
+            ((fsdp & (zero != 3))[rows], lambda i: fsdp2(rows[i], False))])
         return {"total": total, "exposed": exposed}
 
     dp_comm = dp_terms(np.arange(shape[0])) if activity is None else \
