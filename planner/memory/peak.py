@@ -139,9 +139,18 @@ def plan_transients(kept_bytes, recompute_bytes, loss_bytes, optimizer_temps_byt
     never coexist: the backward's transient is the larger of them), and `optimizer_step`, what
     the optimizer's temporaries exceed the freed activations and that transient by (0 when the
     backward is the peak). Ints and numpy arrays alike."""
-    backward = _where(loss_bytes > recompute_bytes, loss_bytes, recompute_bytes)
+    backward = _larger(loss_bytes, recompute_bytes)
     excess = optimizer_temps_bytes - kept_bytes - backward
-    return {"loss_backward": backward - recompute_bytes, "optimizer_step": _where(excess > 0, excess, 0)}
+    return {"loss_backward": backward - recompute_bytes, "optimizer_step": _larger(excess, 0)}
+
+
+def _larger(a, b):
+    """The element-wise larger of a and b: np.maximum when either is an array (the sweep's
+    columns; np.where on a mask costs several times as much), max() on plain Python ints (the
+    plan's exact bytes, which may exceed int64)."""
+    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+        return np.maximum(a, b)
+    return max(a, b)
 
 
 def _where(cond, a, b):

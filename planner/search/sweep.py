@@ -806,7 +806,7 @@ def evaluate(model: ModelSpec, cluster: Cluster, setup: TrainSetup, cands: dict[
     gpu_peak, peak_kind = gpu_first, np.zeros(len(pp), dtype=np.int64)
     for kind, gpu in enumerate((gpu_mid, gpu_heavy, gpu_last), 1):  # the first maximum wins ties
         higher = gpu > gpu_peak
-        gpu_peak, peak_kind = np.where(higher, gpu, gpu_peak), np.where(higher, kind, peak_kind)
+        gpu_peak, peak_kind = np.maximum(gpu, gpu_peak), np.where(higher, kind, peak_kind)
     capacity = cluster.gpu.memory_bytes - reserve_column(
         cluster.gpu, setup.reserve_gib, tp, one["pp"], one["dp"], cp).take(group)
     kind_stage = np.stack([np.ones_like(tp), stage_no[:, 1], stage_no[:, 2], one["pp"]], axis=1)
