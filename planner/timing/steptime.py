@@ -37,7 +37,8 @@ import numpy as np
 
 from planner.core import flops as flops_mod
 from planner.core import params
-from planner.core.columns import RECOMPUTE_MODES, LayoutColumns, group_rows, on_distinct, piecewise
+from planner.core.columns import (RECOMPUTE_MODES, LayoutColumns, group_rows, on_distinct, piecewise,
+                                  unique_ints)
 from planner.core.errors import PlanInputError
 from planner.timing import collectives, context, expert, gemm, interference, logits, sharded_dp
 from planner.timing import megatron_overlap as mo
@@ -641,8 +642,8 @@ def state_terms(r: Rates, cols: LayoutColumns, layers, stage_params, shard_param
         return {"total": total, "exposed": exposed}
 
     dp_comm = dp_terms(np.arange(shape[0])) if activity is None else \
-        on_distinct(dp_terms, activity[1], zero, engine,
-                    *((cols["dp_shard"],) if "dp_shard" in cols else ()))
+        on_distinct(dp_terms, activity[1], zero, engine,  # dp_shard by its rank: a narrow key
+                    *((unique_ints(cols["dp_shard"])[1],) if "dp_shard" in cols else ()))
     dp_total, dp_exposed = dp_comm["total"], dp_comm["exposed"]
 
     def offloading(rows):  # rows with the optimizer or the parameters off the GPU
