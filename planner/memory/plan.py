@@ -147,32 +147,39 @@ def plan_memory(model: ModelSpec, cluster: Cluster, layout: Layout, setup: Train
                       reserve=reserve, reserve_note=note, host_accounting_note=used or "")
 
 
-def stage_loss_and_temps(model: ModelSpec, setup: TrainSetup, cols: LayoutColumns, num_params,
-                         last) -> tuple:
-    """(loss backward bytes where `last` — the stage holds the loss —, the optimizer's temporary
-    bytes) of one stage per layout row (planner.memory.peak)."""
-    loss = np.where(last, peak.stage_loss_bytes(setup, model.vocab_size, cols["tp"],
+def stage_loss_column(model: ModelSpec, setup: TrainSetup, cols: LayoutColumns, last):
+    """The loss backward's bytes of one stage per layout row where `last` (the stage holds the
+    loss), else 0 (planner.memory.peak). It reads only tp, micro_batch and cp: the sweep
+    evaluates it once per activity group."""
+    return np.where(last, peak.stage_loss_bytes(setup, model.vocab_size, cols["tp"],
                                                 cols["micro_batch"], cols.get("cp", 1)), 0)
-    temps = peak.gpu_optimizer_temp_bytes(num_params, shard_degree(cols), cols["zero_stage"],
-                                          cols["dp_engine"] == DP_ENGINES.index("fsdp2"),
-                                          cols["offload_optimizer"] > 0)
-    return loss, temps
 
 
-def stage_transient_column(model: ModelSpec, setup: TrainSetup, cols: LayoutColumns, num_params,
-                           kept_bytes, recompute_bytes, last) -> np.ndarray:
+def stage_temps_column(cols: LayoutColumns, num_params):
+    """The optimizer's temporary bytes on one GPU of a stage of `num_params` per layout row
+    (planner.memory.peak)."""
+    return peak.gpu_optimizer_temp_bytes(num_params, shard_degree(cols), cols["zero_stage"],
+                                         cols["dp_engine"] == DP_ENGINES.index("fsdp2"),
+                                         cols["offload_optimizer"] > 0)
+
+
+def stage_transient_column(cols: LayoutColumns, num_params, kept_bytes, recompute_bytes,
+                           loss_bytes) -> np.ndarray:
     """What the step's transients add to a stage, every row (the sweep and the strategy
-    minimums): `peak.plan_transients` of `stage_loss_and_temps`, summed."""
-    loss, temps = stage_loss_and_temps(model, setup, cols, num_params, last)
-    return sum(peak.plan_transients(kept_bytes, recompute_bytes, loss, temps).values())
+    minimums): `peak.plan_transients` summed, of the stage's loss bytes (`stage_loss_column`)
+    and its optimizer temporaries (`stage_temps_column`)."""
+    temps = stage_temps_column(cols, num_params)
+    return sum(peak.plan_transients(kept_bytes, recompute_bytes, loss_bytes, temps).values())
 
 
 def stage_transients(model: ModelSpec, layout: Layout, setup: TrainSetup, num_params: int,
                      kept_bytes: int, recompute_bytes: int, *, last: bool) -> dict[str, int]:
-    """The non-zero named transients of one stage: `stage_loss_and_temps` of one row, in exact
-    Python integers (a plan's activation bytes can exceed int64; tests/test_integer_safety.py)."""
-    loss, temps = (int(np.asarray(x).reshape(-1)[0]) for x in stage_loss_and_temps(
-        model, setup, LayoutColumns.from_layout(layout), num_params, last))
+    """The non-zero named transients of one stage: `stage_loss_column` and
+    `stage_temps_column` of one row, in exact Python integers (a plan's activation bytes can
+    exceed int64; tests/test_integer_safety.py)."""
+    cols = LayoutColumns.from_layout(layout)
+    loss, temps = (int(np.asarray(x).reshape(-1)[0]) for x in (
+        stage_loss_column(model, setup, cols, last), stage_temps_column(cols, num_params)))
     parts = peak.plan_transients(kept_bytes, recompute_bytes, loss, temps)
     return {name: int(v) for name, v in parts.items() if int(v)}
 

@@ -23,7 +23,7 @@ from planner.memory.reserve import reserve_column
 from planner.core import params
 from planner.core.columns import LayoutColumns
 from planner.memory import activations, model_states
-from planner.memory.plan import plan_memory, stage_transient_column
+from planner.memory.plan import plan_memory, stage_loss_column, stage_transient_column
 from planner.core.spec import Cluster, Frozen, Layout, ModelSpec, TrainSetup
 
 MAX_NODES = 1 << 16
@@ -108,7 +108,7 @@ def _fits_many(model: ModelSpec, cluster: Cluster, base: Layout, setup: TrainSet
         working, last = act.recompute_working_bytes + act.cp_working_bytes, sp.stage == base.pp - 1
         if (sp.total, kept, working, last) not in transient:
             transient[sp.total, kept, working, last] = stage_transient_column(  # memory.peak
-                model, setup, cols, sp.total, kept, working, last=last)
+                cols, sp.total, kept, working, stage_loss_column(model, setup, cols, last))
         transients = transient[sp.total, kept, working, last]
         fits &= gpu + act.total_bytes + transients <= capacity
         host.append(stage_host)

@@ -786,23 +786,26 @@ def evaluate(model: ModelSpec, cluster: Cluster, setup: TrainSetup, cands: dict[
         x.take(group) for x in (kept_f, kept_l, kept_m, kept_h, working, middle))
     states_first, states_last, node_cpu, node_nvme, states_mid, states_heavy = model_state_columns(
         cluster, setup, cands, keys, inv, tables, c.buffers, (rows, group))
+    loss = np.broadcast_to(plan.stage_loss_column(model, setup, one, True), tp.shape)  # of a
+    # stage holding the loss (a scalar 0 where the recipe's logits need no cast: fp32)
+    loss_first, loss_last = np.where(pp == 1, loss, 0).take(group), loss.take(group)
     pp = cands["pp"]
 
-    def stage_bytes(states, kept, kind, last):  # states + activations + the step's transients
+    def stage_bytes(states, kept, kind, loss):  # states + activations + the step's transients
         return states + kept + working + plan.stage_transient_column(
-            model, setup, cands, tables["params"][:, kind].take(inv), kept, working, last)
+            cands, tables["params"][:, kind].take(inv), kept, working, loss)
 
     def middle_bytes(at):  # the two middle kinds of the candidates `at` whose middle can peak,
         two = np.concatenate((at, at))  # stacked into one evaluation
         kept, work = np.concatenate((kept_m[at], kept_h[at])), working.take(two)
         params_mid = np.concatenate([tables["params"][:, kind].take(inv[at]) for kind in (1, 2)])
         both = np.concatenate((states_mid[at], states_heavy[at])) + kept + work + \
-            plan.stage_transient_column(model, setup, cands.take(two), params_mid, kept, work, False)
+            plan.stage_transient_column(cands.take(two), params_mid, kept, work, 0)  # no loss
         return both[:len(at)], both[len(at):]
 
-    gpu_first = stage_bytes(states_first, kept_f, 0, pp == 1)
+    gpu_first = stage_bytes(states_first, kept_f, 0, loss_first)
     gpu_mid, gpu_heavy = piecewise(pp.shape, 2, [(middle, middle_bytes)])  # 0 elsewhere
-    gpu_last = stage_bytes(states_last, kept_l, 3, True)
+    gpu_last = stage_bytes(states_last, kept_l, 3, loss_last)
     gpu_peak, peak_kind = gpu_first, np.zeros(len(pp), dtype=np.int64)
     for kind, gpu in enumerate((gpu_mid, gpu_heavy, gpu_last), 1):  # the first maximum wins ties
         higher = gpu > gpu_peak
