@@ -294,11 +294,9 @@ def fsdp2_comm(r: "Rates", layers, stage_params, dp_local, dp, micro_batches, si
 def hsdp_replica_layer_s(r: "Rates", cols: LayoutColumns, rows, layers, stage_params, grad_bytes):
     """HSDP's replica all-reduce of one layer's reduce-scattered gradient shard
     (`sharded_dp.replica_all_reduce_layer_s` over `sharded_dp.hsdp_groups`) on the rows `rows`
-    of `cols` (an index array; `layers` and `stage_params` are those rows' values), evaluated
-    only where the FSDP2 terms need it; None when the columns carry no dp_shard (every row
-    shards over the whole dp group)."""
-    if "dp_shard" not in cols:
-        return None
+    of `cols`, which carry a dp_shard column (an index array; `layers` and `stage_params` are
+    those rows' values). It reads the stage, tp, the whole dp group and the shard group only:
+    `state_terms` evaluates it with the data-parallel collectives, once per distinct key."""
     shard = shard_ranks(cols)[rows]
     groups = sharded_dp.hsdp_groups((cols["dp"] * cols.get("cp", 1))[rows], shard,
                                     np.maximum(r.gpus_per_node // cols["tp"][rows], 1))
@@ -592,19 +590,28 @@ def state_terms(r: Rates, cols: LayoutColumns, layers, stage_params, shard_param
     layers, stage_params, shard, dp_local, bucket, m, fwd_mb_s, bwd_mb_s = (
         np.broadcast_to(x, shape) for x in (layers, stage_params, shard_params, dp_local, bucket,
                                             m, fwd_mb_s, bwd_mb_s))
-    if activity is None:
-        keys = (_stage_rows(layers, stage_params, stage_rows, shape), dp_local, dp, zero)
-    else:  # (stage, the whole dp group) is the same within an activity group: grouped on its
-        one = activity[0]  # rows; the HSDP shard group (dp_shard, a state field) per row
+    hsdp = "dp_shard" in cols  # the HSDP replica all-reduce (FSDP2 rows) reads tp and the whole
+    if activity is None:  # dp group too: with a dp_shard column they join the keys
+        keys = (_stage_rows(layers, stage_params, stage_rows, shape), dp_local, dp, zero) + (
+            (tp, cols["dp"] * cols.get("cp", 1)) if hsdp else ())
+    else:  # (stage, tp, the whole dp group) is the same within an activity group: grouped on
+        one = activity[0]  # its rows; the HSDP shard group (dp_shard, a state field) per row
         whole = cols["dp"][one] * (cols["cp"][one] if "cp" in cols else 1)
         stage_keys = group_rows(_stage_rows(layers[one], stage_params[one],
                                             None if stage_rows is None else stage_rows[one],
-                                            one.shape),
+                                            one.shape), tp[one],
                                 np.minimum(np.maximum(node // tp[one], 1), whole), whole)[1]
-        keys = (stage_keys.take(activity[1]) * 4 + zero,) + ((dp,) if "dp_shard" in cols else ())
+        keys = (stage_keys.take(activity[1]) * 4 + zero,) + ((dp,) if hsdp else ())
     pp_v = [np.broadcast_to(cols[c], shape) for c in ("pp", "virtual_stages")]  # interleaving
-    coll = on_distinct(lambda rows: collective_times(
-        r, layers, stage_params, dp_local, dp, bucket, sizes, rows), *keys)
+
+    def collectives_of(rows):  # the DP collectives, and HSDP's replica all-reduce per layer
+        times = collective_times(r, layers, stage_params, dp_local, dp, bucket, sizes, rows)
+        if hsdp:
+            times["replica_layer_s"] = hsdp_replica_layer_s(r, cols, rows, layers[rows],
+                                                            stage_params[rows], grad_b)
+        return times
+
+    coll = on_distinct(collectives_of, *keys)
     layer_comm = (coll["layer_gather_s"], coll["layer_reduce_s"], coll["prefetch"])
 
     def ddp_zero12(rows):
@@ -630,8 +637,7 @@ def state_terms(r: Rates, cols: LayoutColumns, layers, stage_params, shard_param
     fsdp, z3 = engine == 1, (zero == 3) & (engine != 1)
 
     def fsdp2(rows, reshard):  # None: no HSDP replica term
-        replica = hsdp_replica_layer_s(r, cols, rows, layers[rows], stage_params[rows], grad_b)
-        return sharded(fsdp2_comm, rows, reshard, replica)
+        return sharded(fsdp2_comm, rows, reshard, coll["replica_layer_s"][rows] if hsdp else None)
 
     def dp_terms(rows):  # the engine's collectives on the rows `rows`
         total, exposed = piecewise(rows.shape, 2, [
