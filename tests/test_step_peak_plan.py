@@ -78,6 +78,21 @@ def test_fsdp2_foreach_adam_temporary_exceeds_small_activations():
     assert "optimizer_step" not in ds.buffers
 
 
+def test_fsdp2_foreach_temporary_is_over_the_dp_x_cp_shard():
+    # the same gpt2 over dp 4 x cp 2: the optimizer states are sharded over the 8 dp x cp ranks
+    # (model_states.shard_ranks), so foreach's one fp32 state-sized temporary is of the same
+    # ceil(124,439,808 / 8) elements, 62,219,904 bytes (not / 4: 124,439,808 bytes, what the
+    # plan counted before session 23). The backward's own bytes (kept activations, cp's
+    # attention buffers; the loss 0 with fp32 logits) are the plan's.
+    model = load_model("gpt2")
+    cluster = cluster_for_gpus("h100-sxm", 8)
+    layout = Layout(dp=4, cp=2, zero_stage=3, dp_engine="fsdp2", micro_batch=1)
+    stage = plan_memory(model, cluster, layout, make_setup(32, 4, 1e9, "fp32", "adam")).stages[0]
+    assert stage.optimizer_bytes == 124_439_808 // 8 * 8  # exp_avg + exp_avg_sq, fp32, / 8
+    backward = stage.activations_bytes + stage.working["cp_attention_buffers"]
+    assert stage.buffers["optimizer_step"] + backward == 124_439_808 // 8 * 4 == 62_219_904
+
+
 def test_the_verdict_counts_the_transient():
     # capacity set (through the reserve) between the resident bytes and the step's peak: the
     # resident would fit, the step does not, and the plan says so

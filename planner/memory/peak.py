@@ -113,7 +113,8 @@ def gpu_optimizer_temp_bytes(num_params, dp, zero_stage, fsdp2, optimizer_offloa
     - fsdp2: torch.optim.AdamW over DTensor shards; `foreach` is the default on CUDA
       (`_default_to_fused_or_foreach` in torch/optim/optimizer.py, DTensor registered in
       `_foreach_supported_types` by torch/distributed/tensor/__init__.py, torch 2.13): one fp32
-      state-sized temporary of the local shard, ceil(P/dp) elements. HF Trainer's default
+      state-sized temporary of the local shard, ceil(P/dp) elements, `dp` the ranks the states
+      are sharded over (dp x cp: `model_states.shard_ranks`). HF Trainer's default
       `adamw_torch_fused` (transformers 5.23 training_args.py, torch >= 2.8) keeps none:
       counting foreach is an upper bound there;
     - otherwise fused, none: Megatron-Core's optimizer is TE / Apex FusedAdam

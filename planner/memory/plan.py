@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from planner.memory import activations, experts, model_states, peak
-from planner.memory.model_states import shard_degree
+from planner.memory.model_states import shard_ranks
 from planner.core import params
 from planner.core import rules
 from planner.core.columns import DP_ENGINES, LayoutColumns
@@ -157,8 +157,9 @@ def stage_loss_column(model: ModelSpec, setup: TrainSetup, cols: LayoutColumns, 
 
 def stage_temps_column(cols: LayoutColumns, num_params):
     """The optimizer's temporary bytes on one GPU of a stage of `num_params` per layout row
-    (planner.memory.peak)."""
-    return peak.gpu_optimizer_temp_bytes(num_params, shard_degree(cols), cols["zero_stage"],
+    (planner.memory.peak), over the local shard of the optimizer states: the ranks the states
+    are sharded over (`model_states.shard_ranks`, dp x cp, as `state_parts` partitions them)."""
+    return peak.gpu_optimizer_temp_bytes(num_params, shard_ranks(cols), cols["zero_stage"],
                                          cols["dp_engine"] == DP_ENGINES.index("fsdp2"),
                                          cols["offload_optimizer"] > 0)
 
