@@ -129,6 +129,29 @@ def test_hsdp_rows_equal_fit_alone():
         assert float(cols["dp_comm_s"][i]) == pytest.approx(est.dp_comm_s, rel=1e-12), lay
 
 
+def test_hsdp_rows_with_context_parallelism_equal_fit_alone():
+    """HSDP with cp: the states shard over dp_shard x cp ranks, so the cp degrees of one
+    (tp, pp) hold different states at the same shard group (Llama 3.1 8B on 128 A100, s 16384,
+    tp 1, pp 1: cp 2 -> dp 64, groups 4/8/16/32; cp 4 -> dp 32, groups 2/4/8/16 (8 GPUs per
+    node / cp = 4 and 2 dp ranks per node, x each divisor below 16 of the 16 nodes the dp group
+    spans): 4, 8 and 16 are shared). Every row of the grouped evaluation equals `plan_memory` of its layout alone
+    (until session 23 the sweep grouped them by dp_shard alone and gave one cp's states to the
+    other: 20,462,350,336 instead of 28,492,611,584 bytes for dp 64 x cp 2, dp_shard 4)."""
+    model = loading.load_model("llama3.1-8b")
+    cluster = loading.cluster_for_gpus("a100-80gb", 128)
+    setup = make_setup(16384, 128, 1e12, "bf16-mixed", "adamw")  # m > 1 at both cp degrees
+    c = sweep.Constraints(tp=(1,), pp=(1,), cp=(2, 4), dp_engine=("fsdp2",), zero_stage=(3,),
+                          micro_batch=(1,), recompute=("full",))
+    cands, _, key = sweep.enumerate_product(model, cluster, setup, c)
+    cols = sweep.evaluate(model, cluster, setup, cands, c, activity_key=key)
+    pairs = {(int(cp), int(g)) for cp, g in zip(cands["cp"], cands["dp_shard"])}
+    assert {(2, 8), (4, 8)} <= pairs  # one shard group at both cp degrees
+    for i in range(len(cands)):
+        lay = sweep.layout_at(cands, i, c)
+        mem = plan.plan_memory(model, cluster, lay, setup)
+        assert int(cols["gpu_peak_bytes"][i]) == max(s.total_bytes for s in mem.stages), lay
+
+
 def test_states_over_the_shard_group_by_hand_in_columns():
     """The column path the sweep uses (`model_states.state_parts`): Llama 2 7B, bf16-mixed +
     Adam (2 + 2 + 12 = 16 B/param), ZeRO-3 over dp 64 vs a shard group of 8 (one node):

@@ -687,13 +687,17 @@ def model_state_columns(cluster: Cluster, setup: TrainSetup, cands: LayoutColumn
     """(first-stage GPU, last-stage GPU, busiest node CPU, busiest node NVMe) bytes of model
     states and buffers, per candidate.
 
-    These depend only on (tp, pp) (which fix dp = GPUs / (tp·pp) and the stage tables), the
-    ZeRO / offload state, and whether m > 1 (the only use `state_bytes` makes of m): a few
+    These depend only on (tp, pp) (which fix dp·cp = GPUs / (tp·pp) and the stage tables), the
+    ZeRO / offload state, the ranks the states are sharded over (`model_states.shard_ranks`:
+    under HSDP dp_shard·cp, which differs between the cp degrees of one (tp, pp)), and whether
+    m > 1 (the only use `state_bytes` makes of m): a few
     hundred combinations for tens of thousands of candidates. Each combination is evaluated
     once, at one of its candidates, and the values are gathered back. `activity`: the
     candidates' activity groups (`evaluate`), within which (tp, pp) and m are the same."""
     state = [cands[k] for k in ("zero_stage", "offload_optimizer", "offload_params", "dp_engine")]
-    shard = [unique_ints(cands["dp_shard"])[1]] if "dp_shard" in cands else []  # its rank
+    # the ranks the states are sharded over (dp x cp, or dp_shard x cp under HSDP: cp varies
+    # within a (tp, pp) row), by rank; without a dp_shard column it is GPUs / (tp·pp)
+    shard = [unique_ints(model_states.shard_ranks(cands))[1]] if "dp_shard" in cands else []
     if activity is None:
         keys, inv = _group(tp_pp_inv, *state, *shard, cands["grad_accum"] > 1)
     else:  # one integer key: ((tp, pp) row, m > 1) of the group, then the state codes
