@@ -33,6 +33,8 @@ CASES = [
     ("llama2-7b", ("a100-80gb", 32), 4096, 64, "zero-fp16", "adam-8bit", True),
     ("mixtral-8x7b", ("a100-80gb", 64), 4096, 256, "zero-infinity-fp16", "adam", False),
     ("llama3-8b", ("h100-sxm", 32), 8192, 96, "bf16-mixed", "adam", True),
+    # long sequences: context parallelism, also under HSDP shard groups (dp_shard x cp ranks)
+    ("llama3.1-8b", ("a100-80gb", 128), 16384, 32, "bf16-mixed", "adamw", True),
 ]
 
 
