@@ -591,17 +591,20 @@ def state_terms(r: Rates, cols: LayoutColumns, layers, stage_params, shard_param
         np.broadcast_to(x, shape) for x in (layers, stage_params, shard_params, dp_local, bucket,
                                             m, fwd_mb_s, bwd_mb_s))
     hsdp = "dp_shard" in cols  # the HSDP replica all-reduce (FSDP2 rows) reads tp and the whole
-    if activity is None:  # dp group too: with a dp_shard column they join the keys
+    # dp group too: with a dp_shard column they join the keys; the shard group by its rank
+    shard_rank = unique_ints(cols["dp_shard"])[1] if hsdp else None
+    if activity is None:
         keys = (_stage_rows(layers, stage_params, stage_rows, shape), dp_local, dp, zero) + (
             (tp, cols["dp"] * cols.get("cp", 1)) if hsdp else ())
-    else:  # (stage, tp, the whole dp group) is the same within an activity group: grouped on
-        one = activity[0]  # its rows; the HSDP shard group (dp_shard, a state field) per row
-        whole = cols["dp"][one] * (cols["cp"][one] if "cp" in cols else 1)
+    else:  # (stage, tp, cp, the whole dp group) is the same within an activity group: grouped
+        one = activity[0]  # on its rows; the HSDP shard group (a state field) per row, which
+        cp = cols["cp"][one] if "cp" in cols else np.ones_like(one)  # with cp and the whole
+        whole = cols["dp"][one] * cp  # group gives the ranks dp x cp the states shard over
         stage_keys = group_rows(_stage_rows(layers[one], stage_params[one],
                                             None if stage_rows is None else stage_rows[one],
-                                            one.shape), tp[one],
+                                            one.shape), tp[one], cp,
                                 np.minimum(np.maximum(node // tp[one], 1), whole), whole)[1]
-        keys = (stage_keys.take(activity[1]) * 4 + zero,) + ((dp,) if hsdp else ())
+        keys = (stage_keys.take(activity[1]) * 4 + zero,) + ((shard_rank,) if hsdp else ())
     pp_v = [np.broadcast_to(cols[c], shape) for c in ("pp", "virtual_stages")]  # interleaving
 
     def collectives_of(rows):  # the DP collectives, and HSDP's replica all-reduce per layer
@@ -648,8 +651,7 @@ def state_terms(r: Rates, cols: LayoutColumns, layers, stage_params, shard_param
         return {"total": total, "exposed": exposed}
 
     dp_comm = dp_terms(np.arange(shape[0])) if activity is None else \
-        on_distinct(dp_terms, activity[1], zero, engine,  # dp_shard by its rank: a narrow key
-                    *((unique_ints(cols["dp_shard"])[1],) if "dp_shard" in cols else ()))
+        on_distinct(dp_terms, activity[1], zero, engine, *((shard_rank,) if hsdp else ()))
     dp_total, dp_exposed = dp_comm["total"], dp_comm["exposed"]
 
     def offloading(rows):  # rows with the optimizer or the parameters off the GPU
