@@ -291,15 +291,12 @@ def fsdp2_comm(r: "Rates", layers, stage_params, dp_local, dp, micro_batches, si
                                  **replica)
 
 
-def hsdp_replica_layer_s(r: "Rates", cols: LayoutColumns, rows, layers, stage_params, grad_bytes):
+def hsdp_replica_layer_s(r: "Rates", shard, whole, tp, layers, stage_params, grad_bytes):
     """HSDP's replica all-reduce of one layer's reduce-scattered gradient shard
-    (`sharded_dp.replica_all_reduce_layer_s` over `sharded_dp.hsdp_groups`) on the rows `rows`
-    of `cols`, which carry a dp_shard column (an index array; `layers` and `stage_params` are
-    those rows' values). It reads the stage, tp, the whole dp group and the shard group only:
+    (`sharded_dp.replica_all_reduce_layer_s` over `sharded_dp.hsdp_groups`): the states sharded
+    over `shard` ranks (dp_shard x cp) of the `whole` group (dp x cp), tp ranks per replica.
     `state_terms` evaluates it with the data-parallel collectives, once per distinct key."""
-    shard = shard_ranks(cols)[rows]
-    groups = sharded_dp.hsdp_groups((cols["dp"] * cols.get("cp", 1))[rows], shard,
-                                    np.maximum(r.gpus_per_node // cols["tp"][rows], 1))
+    groups = sharded_dp.hsdp_groups(whole, shard, np.maximum(r.gpus_per_node // tp, 1))
     return sharded_dp.replica_all_reduce_layer_s(stage_params / layers * grad_bytes, shard, groups,
                                                  r.intra_bw, r.intra_lat, r.inter_bw_per_gpu,
                                                  r.inter_lat)
@@ -591,27 +588,28 @@ def state_terms(r: Rates, cols: LayoutColumns, layers, stage_params, shard_param
         np.broadcast_to(x, shape) for x in (layers, stage_params, shard_params, dp_local, bucket,
                                             m, fwd_mb_s, bwd_mb_s))
     hsdp = "dp_shard" in cols  # the HSDP replica all-reduce (FSDP2 rows) reads tp and the whole
-    # dp group too: with a dp_shard column they join the keys; the shard group by its rank
-    shard_rank = unique_ints(cols["dp_shard"])[1] if hsdp else None
+    whole_ranks = cols["dp"] * cols.get("cp", 1)  # dp group too: with dp_shard they join the keys
+    shard_rank = None  # the HSDP shard group by its rank, a narrow key (grouped evaluation)
     if activity is None:
         keys = (_stage_rows(layers, stage_params, stage_rows, shape), dp_local, dp, zero) + (
-            (tp, cols["dp"] * cols.get("cp", 1)) if hsdp else ())
+            (tp, whole_ranks) if hsdp else ())
     else:  # (stage, tp, cp, the whole dp group) is the same within an activity group: grouped
         one = activity[0]  # on its rows; the HSDP shard group (a state field) per row, which
         cp = cols["cp"][one] if "cp" in cols else np.ones_like(one)  # with cp and the whole
-        whole = cols["dp"][one] * cp  # group gives the ranks dp x cp the states shard over
+        whole = whole_ranks[one]  # group gives the ranks dp x cp the states shard over
         stage_keys = group_rows(_stage_rows(layers[one], stage_params[one],
                                             None if stage_rows is None else stage_rows[one],
                                             one.shape), tp[one], cp,
                                 np.minimum(np.maximum(node // tp[one], 1), whole), whole)[1]
+        shard_rank = unique_ints(cols["dp_shard"])[1] if hsdp else None
         keys = (stage_keys.take(activity[1]) * 4 + zero,) + ((shard_rank,) if hsdp else ())
     pp_v = [np.broadcast_to(cols[c], shape) for c in ("pp", "virtual_stages")]  # interleaving
 
     def collectives_of(rows):  # the DP collectives, and HSDP's replica all-reduce per layer
         times = collective_times(r, layers, stage_params, dp_local, dp, bucket, sizes, rows)
         if hsdp:
-            times["replica_layer_s"] = hsdp_replica_layer_s(r, cols, rows, layers[rows],
-                                                            stage_params[rows], grad_b)
+            times["replica_layer_s"] = hsdp_replica_layer_s(
+                r, dp[rows], whole_ranks[rows], tp[rows], layers[rows], stage_params[rows], grad_b)
         return times
 
     coll = on_distinct(collectives_of, *keys)
