@@ -115,7 +115,7 @@ class LayoutColumns(Mapping[str, np.ndarray]):
                   megatron_overlap: tuple[str, ...] | None = None, validate: bool = True) -> Layout:
         """The typed Layout of row i (fields missing from the columns take Layout's defaults);
         `flash_attention`, `buffers`, `megatron_overlap`: fields every row shares. `validate`
-        False: built without pydantic's checks (`model_construct`), for rows the rule table has
+        False: built without pydantic's checks (`Layout.trusted`), for rows the rule table has
         already passed that are only read, never shown (the sweep's engine mask)."""
         fields: dict[str, object] = {}
         for name, col in self._cols.items():
@@ -132,7 +132,7 @@ class LayoutColumns(Mapping[str, np.ndarray]):
                                     "megatron_overlap": megatron_overlap}
         if buffers is not None:
             extra["buffers"] = buffers
-        return Layout(**fields, **extra) if validate else Layout.model_construct(**fields, **extra)
+        return Layout(**fields, **extra) if validate else Layout.trusted(**fields, **extra)
 
 
 # --------------------------------------------------------------------------- grouping
