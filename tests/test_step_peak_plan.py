@@ -123,3 +123,23 @@ def test_sweep_columns_carry_the_same_transients():
         assert int(cols["gpu_peak_bytes"][i]) == max(s.total_bytes for s in mem.stages)
     assert np.any([("optimizer_step" in s.buffers) for i in range(len(cands))
                    for s in plan_memory(model, cluster, sweep.layout_at(cands, i, c), setup).stages])
+
+
+def test_the_peak_is_the_larger_of_the_two_moments():
+    # by hand: kept 10, recompute segment 4, loss backward 7, optimizer temporaries 30 bytes.
+    # Start of backward: 10 kept + max(7, 4) = 17; optimizer step: 30 (activations freed).
+    # The named parts on top of kept + recompute (14): loss_backward 7 - 4 = 3, optimizer_step
+    # 30 - 17 = 13; 14 + 3 + 13 = 30, the larger moment.
+    from planner.memory import peak
+
+    assert peak.backward_moment_bytes(10, 4, 7) == 17
+    assert peak.above_resident_bytes(17, 30) == 30
+    assert peak.plan_transients(10, 4, 7, 30) == {"loss_backward": 3, "optimizer_step": 13}
+    # temporaries of 5 bytes: the backward is the peak (17), no optimizer_step excess; a loss
+    # smaller than the recompute segment adds nothing either
+    assert peak.plan_transients(10, 4, 7, 5) == {"loss_backward": 3, "optimizer_step": 0}
+    assert peak.plan_transients(10, 4, 2, 5) == {"loss_backward": 0, "optimizer_step": 0}
+    # the sweep's columns: the same arithmetic on arrays
+    got = peak.above_resident_bytes(peak.backward_moment_bytes(np.array([10, 10]), 4, 7),
+                                    np.array([30, 5]))
+    assert got.tolist() == [30, 17]

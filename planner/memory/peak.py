@@ -133,16 +133,30 @@ def stage_loss_bytes(setup, vocab_size: int, tp, micro_batch, cp=1):
                                setup.precision.activation_bytes, loss_kind(setup.implementation))
 
 
+def backward_moment_bytes(kept_bytes, recompute_bytes, loss_bytes):
+    """A stage's bytes beyond its resident ones (states, buffers) at the start of backward: the
+    kept activations and the backward's transient, the larger of the loss backward's tensors and
+    the recompute segment (the two never coexist). Ints and numpy arrays alike."""
+    return kept_bytes + _larger(loss_bytes, recompute_bytes)
+
+
+def above_resident_bytes(backward_moment, optimizer_temps_bytes):
+    """A stage's bytes beyond its resident ones at its peak: the larger of the step's two
+    moments, the start of backward (`backward_moment_bytes`) and the optimizer step (its
+    temporaries; the activations are freed by then). Ints and numpy arrays alike."""
+    return _larger(backward_moment, optimizer_temps_bytes)
+
+
 def plan_transients(kept_bytes, recompute_bytes, loss_bytes, optimizer_temps_bytes) -> dict:
     """The named transients that lift a stage's total (states, buffers, kept activations and
     the recompute segment already in `working`) to the step's peak, as extra buffers:
-    `loss_backward`, what the loss backward's tensors exceed the recompute segment by (the two
-    never coexist: the backward's transient is the larger of them), and `optimizer_step`, what
-    the optimizer's temporaries exceed the freed activations and that transient by (0 when the
-    backward is the peak). Ints and numpy arrays alike."""
-    backward = _larger(loss_bytes, recompute_bytes)
-    excess = optimizer_temps_bytes - kept_bytes - backward
-    return {"loss_backward": backward - recompute_bytes, "optimizer_step": _larger(excess, 0)}
+    `loss_backward`, what the backward's transient exceeds the recompute segment by, and
+    `optimizer_step`, what the optimizer's temporaries exceed the start of backward by (0 when
+    the backward is the peak). With them the total is the resident bytes plus
+    `above_resident_bytes`. Ints and numpy arrays alike."""
+    backward = backward_moment_bytes(kept_bytes, recompute_bytes, loss_bytes)
+    return {"loss_backward": backward - kept_bytes - recompute_bytes,
+            "optimizer_step": above_resident_bytes(backward, optimizer_temps_bytes) - backward}
 
 
 def _larger(a, b):

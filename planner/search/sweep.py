@@ -684,15 +684,17 @@ def model_state_columns(cluster: Cluster, setup: TrainSetup, cands: LayoutColumn
                         tp_pp: np.ndarray, tp_pp_inv: np.ndarray, tables: dict[str, np.ndarray],
                         buffers: EngineBuffers = model_states.DEFAULT_BUFFERS,
                         activity: tuple[np.ndarray, np.ndarray] | None = None):
-    """(first-stage GPU, last-stage GPU, busiest node CPU, busiest node NVMe) bytes of model
-    states and buffers, per candidate.
+    """Model states and buffers of each stage kind (first, stage 2, the heaviest middle, last:
+    4 x combinations), the optimizer's temporaries of each kind (`plan.stage_temps_column`),
+    and the busiest node's CPU and NVMe bytes, per combination (below), with each candidate's
+    combination.
 
     These depend only on (tp, pp) (which fix dp·cp = GPUs / (tp·pp) and the stage tables), the
     ZeRO / offload state, the ranks the states are sharded over (`model_states.shard_ranks`:
     under HSDP dp_shard·cp, which differs between the cp degrees of one (tp, pp)), and whether
     m > 1 (the only use `state_bytes` makes of m): a few
     hundred combinations for tens of thousands of candidates. Each combination is evaluated
-    once, at one of its candidates, and the values are gathered back. `activity`: the
+    once, at one of its candidates (the caller gathers the values back). `activity`: the
     candidates' activity groups (`evaluate`), within which (tp, pp) and m are the same."""
     state = [cands[k] for k in ("zero_stage", "offload_optimizer", "offload_params", "dp_engine")]
     # the ranks the states are sharded over (dp x cp, or dp_shard x cp under HSDP: cp varies
@@ -715,6 +717,7 @@ def model_state_columns(cluster: Cluster, setup: TrainSetup, cands: LayoutColumn
     P, routed, largest, persistent, block, layers = (
         tables[name][row].T.ravel()
         for name in ("params", "routed", "largest", "persistent", "block", "layers"))
+    temps = plan.stage_temps_column(sub, P).reshape(4, -1)  # of the stage's parameters (ep 1)
     states = experts.ep_state_parts(P, routed, sub, setup.precision, setup.optimizer,
                                     setup.host_accounting)
     P = experts.params_per_gpu(P, routed, sub["ep"]) if "ep" in sub else P
@@ -729,7 +732,7 @@ def model_state_columns(cluster: Cluster, setup: TrainSetup, cands: LayoutColumn
     host = [host[0], tuple(np.maximum(a, b) for a, b in zip(host[1], host[2])), host[3]]
     node_cpu = np.max(sum(counts[:, :, k] * host[k][0][:, None] for k in range(3)), axis=1)
     node_nvme = np.max(sum(counts[:, :, k] * host[k][1][:, None] for k in range(3)), axis=1)
-    return tuple(x.take(inv) for x in (gpu[0], gpu[3], node_cpu, node_nvme, gpu[1], gpu[2]))
+    return gpu, temps, node_cpu, node_nvme, inv
 
 
 STAGE_FIELDS = ("params", "routed", "largest", "persistent", "max_layers", "max_params", "block",
@@ -789,30 +792,28 @@ def evaluate(model: ModelSpec, cluster: Cluster, setup: TrainSetup, cands: dict[
     if setup.implementation != "megatron":  # not linear in b: exact per (recompute, b)
         kept_f, working = hf_activation_column(model, setup, rec, b)
         kept_l = kept_f
-    kept_f, kept_l, kept_m, kept_h, working, middle = (
-        x.take(group) for x in (kept_f, kept_l, kept_m, kept_h, working, middle))
-    states_first, states_last, node_cpu, node_nvme, states_mid, states_heavy = model_state_columns(
-        cluster, setup, cands, keys, inv, tables, c.buffers, (rows, group))
+    # a stage's peak (planner.memory.peak): its resident states and buffers plus the larger of
+    # the backward's moment (kept activations + the backward's transient: per activity group)
+    # and the optimizer's (its temporaries: per state combination, `model_state_columns`)
     loss = np.broadcast_to(plan.stage_loss_column(model, setup, one, True), tp.shape)  # of a
     # stage holding the loss (a scalar 0 where the recipe's logits need no cast: fp32)
-    loss_first, loss_last = np.where(pp == 1, loss, 0).take(group), loss.take(group)
+    moment = [peak.backward_moment_bytes(kept, working, loss_bytes) for kept, loss_bytes in
+              ((kept_f, np.where(pp == 1, loss, 0)), (kept_m, 0), (kept_h, 0), (kept_l, loss))]
+    middle = middle.take(group)
+    states, temps, node_cpu, node_nvme, state_inv = model_state_columns(
+        cluster, setup, cands, keys, inv, tables, c.buffers, (rows, group))
+    node_cpu, node_nvme = node_cpu.take(state_inv), node_nvme.take(state_inv)
     pp = cands["pp"]
 
-    def stage_bytes(states, kept, kind, loss):  # states + activations + the step's transients
-        return states + kept + working + plan.stage_transient_column(
-            cands, tables["params"][:, kind].take(inv), kept, working, loss)
+    def stage_bytes(kind, at=None):  # the stage kind's peak on the candidates `at` (None: all)
+        state_at, group_at = (state_inv, group) if at is None else (state_inv[at], group[at])
+        return states[kind].take(state_at) + peak.above_resident_bytes(
+            moment[kind].take(group_at), temps[kind].take(state_at))
 
-    def middle_bytes(at):  # the two middle kinds of the candidates `at` whose middle can peak,
-        two = np.concatenate((at, at))  # stacked into one evaluation
-        kept, work = np.concatenate((kept_m[at], kept_h[at])), working.take(two)
-        params_mid = np.concatenate([tables["params"][:, kind].take(inv[at]) for kind in (1, 2)])
-        both = np.concatenate((states_mid[at], states_heavy[at])) + kept + work + \
-            plan.stage_transient_column(cands.take(two), params_mid, kept, work, 0)  # no loss
-        return both[:len(at)], both[len(at):]
-
-    gpu_first = stage_bytes(states_first, kept_f, 0, loss_first)
-    gpu_mid, gpu_heavy = piecewise(pp.shape, 2, [(middle, middle_bytes)])  # 0 elsewhere
-    gpu_last = stage_bytes(states_last, kept_l, 3, loss_last)
+    gpu_first = stage_bytes(0)
+    gpu_mid, gpu_heavy = piecewise(pp.shape, 2, [(middle, lambda at: (stage_bytes(1, at),
+                                                                      stage_bytes(2, at)))])
+    gpu_last = stage_bytes(3)
     gpu_peak, peak_kind = gpu_first, np.zeros(len(pp), dtype=np.int64)
     for kind, gpu in enumerate((gpu_mid, gpu_heavy, gpu_last), 1):  # the first maximum wins ties
         higher = gpu > gpu_peak
