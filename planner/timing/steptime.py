@@ -573,7 +573,9 @@ def state_terms(r: Rates, cols: LayoutColumns, layers, stage_params, shard_param
     the group's real bandwidth per level (`dp_collective_s`); ZeRO-3 follows DeepSpeed's
     per-layer, per-micro-batch schedule (`zero3_comm`). `activity` as in `step_terms`: the
     collectives, which read no offload field, are then evaluated once per (group, ZeRO stage,
-    engine)."""
+    HSDP shard group) on DeepSpeed / DDP rows (the offload variants share them) and on every
+    FSDP2 row (no offload: each row of an enumeration is its own key; grouping them cost more
+    than it saved)."""
     node, m = r.gpus_per_node, cols["grad_accum"]
     tp, dp, zero = cols["tp"], shard_ranks(cols), cols["zero_stage"]  # dp x cp ranks
     opt_target, param_target = cols["offload_optimizer"], cols["offload_params"]
@@ -640,17 +642,24 @@ def state_terms(r: Rates, cols: LayoutColumns, layers, stage_params, shard_param
     def fsdp2(rows, reshard):  # None: no HSDP replica term
         return sharded(fsdp2_comm, rows, reshard, coll["replica_layer_s"][rows] if hsdp else None)
 
-    def dp_terms(rows):  # the engine's collectives on the rows `rows`
+    def deepspeed_terms(rows):  # DDP, ZeRO-1/2 and DeepSpeed ZeRO-3 on the rows `rows`
         total, exposed = piecewise(rows.shape, 2, [
-            (~(fsdp | z3)[rows], lambda i: ddp_zero12(rows[i])),
-            (z3[rows], lambda i: sharded(zero3_comm, rows[i])),
-            ((fsdp & (zero == 3))[rows], lambda i: fsdp2(rows[i], True)),  # reshard after forward
-            ((fsdp & (zero != 3))[rows], lambda i: fsdp2(rows[i], False))])
+            (~z3[rows], lambda i: ddp_zero12(rows[i])),
+            (z3[rows], lambda i: sharded(zero3_comm, rows[i]))])
         return {"total": total, "exposed": exposed}
 
-    dp_comm = dp_terms(np.arange(shape[0])) if activity is None else \
-        on_distinct(dp_terms, activity[1], zero, engine, *((shard_rank,) if hsdp else ()))
-    dp_total, dp_exposed = dp_comm["total"], dp_comm["exposed"]
+    def deepspeed_grouped(rows):  # once per distinct (activity group, ZeRO stage, shard group):
+        if activity is None:  # the offload variants of a row share their collectives
+            out = deepspeed_terms(rows)
+        else:
+            out = on_distinct(lambda j: deepspeed_terms(rows[j]), activity[1][rows], zero[rows],
+                              *((shard_rank[rows],) if hsdp else ()))
+        return out["total"], out["exposed"]
+
+    dp_total, dp_exposed = piecewise(shape, 2, [  # FSDP2 rows: no offload, each row distinct
+        (~fsdp, deepspeed_grouped),
+        (fsdp & (zero == 3), lambda rows: fsdp2(rows, True)),  # reshard after forward
+        (fsdp & (zero != 3), lambda rows: fsdp2(rows, False))])
 
     def offloading(rows):  # rows with the optimizer or the parameters off the GPU
         opt, par, sh, mb = opt_target[rows], param_target[rows], shard[rows], m[rows]
