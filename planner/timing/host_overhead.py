@@ -38,7 +38,10 @@ forward + backward (torch 2.13.0 torch/distributed/fsdp/_fully_shard/_fsdp_param
 
 def host_overhead_s(dispatch_per_op_s: float, fsdp2_hook_s: float, layers, micro_batches, fsdp2):
     """Dispatch of every op and, on FSDP2 rows (`fsdp2` true), its hooks, for one step; 0 when
-    both per-unit costs are 0 (arrays or scalars)."""
+    both per-unit costs are 0 (arrays or scalars; then the scalar 0.0, whatever the shapes:
+    every shipped profile, so the step sum skips the term)."""
+    if dispatch_per_op_s == 0 and fsdp2_hook_s == 0:
+        return 0.0
     ops = OPS_PER_LAYER * np.asarray(layers) + OPS_OUTSIDE_LAYERS
     hooks = np.where(fsdp2, HOOKS_PER_GROUP * (np.asarray(layers) + 1), 0)
     return micro_batches * (dispatch_per_op_s * ops + fsdp2_hook_s * hooks)

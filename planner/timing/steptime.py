@@ -707,7 +707,8 @@ def step_terms(r: Rates, cols: LayoutColumns, work: StageWork, sizes: ByteSizes,
 def _with_step(terms: dict) -> dict:
     step = terms[EXPOSED[0]]
     for name in EXPOSED[1:]:
-        step = step + terms[name]
+        if np.ndim(terms[name]) or terms[name]:  # a scalar 0 (a term not modelled) adds nothing
+            step = step + terms[name]
     return {k: v for k, v in terms.items() if k not in ("fwd_mb_s", "bwd_mb_s")} | {"step_s": step}
 
 
