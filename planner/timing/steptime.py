@@ -38,7 +38,7 @@ import numpy as np
 from planner.core import flops as flops_mod
 from planner.core import params
 from planner.core.columns import (RECOMPUTE_MODES, LayoutColumns, group_rows, on_distinct, piecewise,
-                                  unique_ints)
+                                  representatives, unique_ints)
 from planner.core.errors import PlanInputError
 from planner.timing import collectives, context, expert, gemm, interference, logits, sharded_dp
 from planner.timing import megatron_overlap as mo
@@ -266,23 +266,30 @@ def zero3_comm(r: "Rates", layers, stage_params, dp_local, dp, micro_batches, si
                                  micro_batches, prefetch, r.interference)
 
 
+def fsdp2_unit_copy_bytes(stage_params, sizes: "ByteSizes", reshard_after_forward: bool):
+    """FSDP2's compute-stream copies of a stage's unit (`sharded_dp.fsdp2_copy_bytes`):
+    gradients in the parameter dtype, reduced in the recipe's gradient dtype."""
+    return sharded_dp.fsdp2_copy_bytes(stage_params, sizes.param_bytes, sizes.param_bytes,
+                                       sizes.grad_bytes, reshard_after_forward)
+
+
 def fsdp2_comm(r: "Rates", layers, stage_params, dp_local, dp, micro_batches, sizes: "ByteSizes",
                fwd_mb_s, bwd_mb_s, reshard_after_forward: bool, replica_layer_s=None,
-               layer_comm=None):
+               layer_comm=None, copy_bytes=None):
     """PyTorch FSDP2 per step (`sharded_dp.fsdp2_step`), one `fully_shard` unit per block:
     all-gathers prefetched one unit ahead in forward and, with reshard_after_forward (ZeRO-3
     rows), again in backward; gradients reduce-scattered per unit on every micro-batch (torch
     2.13 `_fully_shard`; docs/collectives.md §4). Same per-layer collectives as `zero3_comm`
     (over the shard group under HSDP), plus HSDP's replica all-reduce (`replica_layer_s`,
     `hsdp_replica_layer_s`) after each reduce-scatter.
-    Plus FSDP2's copies on the compute stream (`sharded_dp.fsdp2_copy_bytes`): gradients in the
-    parameter dtype, reduced in the recipe's gradient dtype."""
+    Plus FSDP2's copies on the compute stream (`fsdp2_unit_copy_bytes`; `copy_bytes` when
+    already evaluated)."""
     if layer_comm is None:
         layer_comm = layer_collectives_s(r, layers, stage_params, dp_local, dp, sizes)
     gather, reduce, _ = layer_comm
     replica = {} if replica_layer_s is None else {"replica_all_reduce_layer_s": replica_layer_s}
-    copies = sharded_dp.fsdp2_copy_bytes(stage_params, sizes.param_bytes, sizes.param_bytes,
-                                         sizes.grad_bytes, reshard_after_forward)
+    copies = (fsdp2_unit_copy_bytes(stage_params, sizes, reshard_after_forward)
+              if copy_bytes is None else copy_bytes)
     return sharded_dp.fsdp2_step(gather, reduce, fwd_mb_s / layers, bwd_mb_s / layers, layers,
                                  micro_batches, reshard_after_forward=reshard_after_forward,
                                  interference=r.interference,
@@ -599,9 +606,9 @@ def state_terms(r: Rates, cols: LayoutColumns, layers, stage_params, shard_param
         one = activity[0]  # on its rows; the HSDP shard group (a state field) per row, which
         cp = cols["cp"][one] if "cp" in cols else np.ones_like(one)  # with cp and the whole
         whole = whole_ranks[one]  # group gives the ranks dp x cp the states shard over
-        stage_keys = group_rows(_stage_rows(layers[one], stage_params[one],
-                                            None if stage_rows is None else stage_rows[one],
-                                            one.shape), tp[one], cp,
+        stage = _stage_rows(layers[one], stage_params[one],  # the group's stage (an index)
+                            None if stage_rows is None else stage_rows[one], one.shape)
+        stage_keys = group_rows(stage, tp[one], cp,
                                 np.minimum(np.maximum(node // tp[one], 1), whole), whole)[1]
         shard_rank = unique_ints(cols["dp_shard"])[1] if hsdp else None
         keys = (stage_keys.take(activity[1]) * 4 + zero,) + ((shard_rank,) if hsdp else ())
@@ -630,17 +637,24 @@ def state_terms(r: Rates, cols: LayoutColumns, layers, stage_params, shard_param
                                coll["param_half_s"][rows], coll["bucket_half_s"][rows],
                                fwd_mb_s[rows], bwd_mb_s[rows], r.interference)
 
-    def sharded(comm, rows, *extra):  # zero3_comm / fsdp2_comm on the rows
+    def sharded(comm, rows, *extra, **named):  # zero3_comm / fsdp2_comm on the rows
         t = comm(r, layers[rows], stage_params[rows], dp_local[rows], dp[rows], m[rows], sizes,
                  fwd_mb_s[rows], bwd_mb_s[rows], *extra,
-                 layer_comm=tuple(c[rows] for c in layer_comm))
+                 layer_comm=tuple(c[rows] for c in layer_comm), **named)
         return t.total_s, t.exposed_s
 
     engine = cols["dp_engine"] if "dp_engine" in cols else np.zeros_like(zero)
     fsdp, z3 = engine == 1, (zero == 3) & (engine != 1)
 
-    def fsdp2(rows, reshard):  # None: no HSDP replica term
-        return sharded(fsdp2_comm, rows, reshard, coll["replica_layer_s"][rows] if hsdp else None)
+    def fsdp2(rows, reshard):  # grouped: the copies once per stage; HSDP's term (None: none)
+        copies = None
+        if activity is not None:  # a few stages for thousands of rows: looked up by index
+            unit = fsdp2_unit_copy_bytes(stage_params.take(activity[0].take(
+                representatives(stage, int(stage.max()) + 1))), sizes, reshard)
+            at = stage.take(activity[1].take(rows))
+            copies = sharded_dp.Fsdp2CopyBytes(*(np.asarray(x).take(at) for x in unit))
+        return sharded(fsdp2_comm, rows, reshard, coll["replica_layer_s"][rows] if hsdp else None,
+                       copy_bytes=copies)
 
     def deepspeed_terms(rows):  # DDP, ZeRO-1/2 and DeepSpeed ZeRO-3 on the rows `rows`
         total, exposed = piecewise(rows.shape, 2, [
