@@ -188,8 +188,9 @@ def block_efficiency(gpu: GpuSpec, dtype: str, level, gemms: tuple[Gemm, ...],
     its GEMMs' times at their shapes. The GEMMs are stacked into one array (one
     `in_training_efficiency` call instead of one per GEMM) and summed in their order."""
     shape = np.broadcast_shapes(*(np.shape(x) for g in gemms for x in (g.m, g.n, g.k, g.count)))
-    m, n, k, count = (np.stack([np.broadcast_to(np.asarray(getattr(g, name), dtype=float), shape)
-                                for g in gemms]) for name in ("m", "n", "k", "count"))
+    m, n, k, count = (np.empty((len(gemms), *shape)) for _ in range(4))
+    for i, g in enumerate(gemms):  # row i: GEMM i's dimension, broadcast by the assignment
+        m[i], n[i], k[i], count[i] = g.m, g.n, g.k, g.count
     f = count * gemm_flops(m, n, k)
     per_gemm = f / in_training_efficiency(gpu, dtype, level, m, n, k, element_bytes)
     total, weighted = 0.0, 0.0
