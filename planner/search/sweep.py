@@ -429,13 +429,13 @@ def dp_shard_rows(cluster: Cluster, cols: LayoutColumns, c: Constraints
     options = np.zeros((len(table), width + 1), dtype=np.int64)  # column 0: the whole group
     for g, values in enumerate(table):
         options[g, 1:1 + len(values)] = values
-    group = np.full(n, -1, dtype=np.int64)
+    group = np.zeros(n, dtype=np.int64)  # a row that is not hybrid reads column 0 only (nth 0)
     group[hybrid] = inv
     count = np.ones(n, dtype=np.int64)
     count[hybrid] = 1 + np.array([len(t) for t in table], dtype=np.int64)[inv]
     src = np.repeat(np.arange(n, dtype=np.int64), count)
     nth = np.arange(len(src), dtype=np.int64) - np.repeat(np.cumsum(count) - count, count)
-    return src, np.where(group[src] >= 0, options[np.maximum(group[src], 0), nth], 0)
+    return src, options.ravel().take(group.take(src) * (width + 1) + nth)
 
 
 def enumerate_candidates(model: ModelSpec, cluster: Cluster, setup: TrainSetup,
