@@ -851,8 +851,7 @@ def step_columns(model: ModelSpec, cluster: Cluster, setup: TrainSetup, cols: La
     table = {int(k): flops_mod.step_flops(model, setup, Layout(
         recompute=RECOMPUTE_MODES[int(k)], flash_attention=flash_attention))
         for k in {*codes.tolist(), NONE, FULL} - {BLOCK}}  # block: from none and full
-    share_all = flops_mod.forward_repeat_share(model.num_layers, all_cols)
-    share = share_all if rows is None else share_all[rows]
+    share = flops_mod.forward_repeat_share(model.num_layers, cols)  # of each (group's) row
 
     def per_mode(name: str, rec_codes: np.ndarray, part: np.ndarray) -> np.ndarray:
         """FLOPs field of each row's mode; block: none + its share x (full - none)."""
@@ -901,13 +900,12 @@ def step_columns(model: ModelSpec, cluster: Cluster, setup: TrainSetup, cols: La
                       optimizer_bytes=optimizer_bytes_per_param(prec, setup.optimizer),
                       buffers=buffers, megatron_overlap=megatron_overlap)
     terms = step_terms(r, all_cols, work, sizes, activity)
-    rec = all_cols["recompute"]
     rates = rate_terms(r, terms["step_s"], setup.global_batch * setup.seq_len,
-                       per_mode("model_flops", rec, share_all),
-                       per_mode("hardware_flops", rec, share_all),
+                       gather(per_mode("model_flops", rec, share), activity),
+                       gather(per_mode("hardware_flops", rec, share), activity),
                        setup.train_tokens)
     out = {**terms, **rates, "efficiency": gather(work.efficiency, activity)}
-    return {k: _float_column(v, rec.shape) for k, v in out.items()}
+    return {k: _float_column(v, (len(all_cols),)) for k, v in out.items()}
 
 
 def gather(value, activity: tuple[np.ndarray, np.ndarray] | None):
