@@ -126,6 +126,32 @@ def test_tables_fit_100_columns_when_not_a_terminal(tmp_path):
 
 
 @pytest.mark.cli
+def test_tables_never_cut_a_number_when_not_a_terminal(tmp_path):
+    # Off a terminal tables keep to 100 columns by wrapping their text columns; a table whose
+    # numbers cannot fit (GPT-3 175B unsharded on V100s: ~2.7 TB per GPU, five-digit GiB cells)
+    # is printed as wide as it needs. rich's last resort cut it to '2,679.…' and '909…' before.
+    env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
+    env["PYTHONPATH"] = str(PACKAGE_PARENT)
+
+    def run(*args):
+        proc = subprocess.run([*COMMAND, *args], capture_output=True, text=True, env=env, cwd=tmp_path)
+        assert proc.returncode in (0, 1), proc.stderr
+        return proc.stdout
+
+    huge = ["fit", "--model", "gpt3-175b", "--cluster", "dgx2x32", "--tp", "1", "--pp", "1", "--zero", "0"]
+    table = run(*huge)
+    stage = json.loads(run(*huge, "--json"))["memory"]["stages"][0]
+    assert "…" not in table
+    for key in ("optimizer_bytes", "total_bytes", "headroom_bytes"):  # the cells, whole
+        assert f"{stage[key] / 2**30:,.2f}" in table
+    # the sweep's widest rows (DeepSeek-V3 states like `z2 ep128 off=cpu/- rc=sel sp`): the
+    # states column wraps, the numbers stay whole, the lines keep to 100 columns
+    ranked = run("sweep", "--model", "deepseek-v3", "--gpu", "a100-80gb", "--gpus", "256", "--top", "4")
+    assert "…" not in ranked
+    assert max(len(line) for line in ranked.splitlines()) <= 100
+
+
+@pytest.mark.cli
 def test_the_readme_infer_example_says_it_exits_1():
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
     line = next(line for line in readme.splitlines() if line.startswith("$ zplan infer"))

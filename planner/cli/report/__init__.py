@@ -24,15 +24,50 @@ JSON_SCHEMA_VERSION = 1
 
 PIPE_WIDTH = 100
 """Columns used when stdout is not a terminal (CI logs, pipes, files): tables fit 100 columns;
-a wider terminal (or COLUMNS) gets wider tables."""
+a wider terminal (or COLUMNS) gets wider tables. A table whose numbers cannot fit 100 columns
+(extreme values) is printed as wide as they need, never cut (`print_table`)."""
 
 
 def human_console() -> Console:
     """The console for results people read: stdout (`zplan fit > plan.txt`, `| less`)."""
     console = planner_console()
-    if not console.is_terminal and "COLUMNS" not in os.environ:
+    if _off_terminal(console):
         console.width = PIPE_WIDTH
     return console
+
+
+def _off_terminal(console: Console) -> bool:
+    return not console.is_terminal and "COLUMNS" not in os.environ
+
+
+def print_table(console: Console, table: Table) -> None:
+    """Print a report table. Off a terminal, a table too wide for the console even with its text
+    columns wrapped to their longest word is printed at the width it needs: rich's last resort
+    would otherwise shorten every column, numbers too ('2,283,933' -> '2,283…'), and a log
+    reader cannot widen a file. On a terminal rich fits the window (widen it, or set COLUMNS)."""
+    need = needed_width(console, table)
+    if not _off_terminal(console) or need <= console.width:
+        console.print(table)
+        return
+    width = console.width
+    console.width = need
+    try:
+        console.print(table)
+    finally:
+        console.width = width
+
+
+def needed_width(console: Console, table: Table) -> int:
+    """Columns `table` needs with nothing cut: each no-wrap column at its widest cell, each
+    other column at its longest word, plus the padding and rules rich adds (its whole natural
+    width less the columns' widest cells)."""
+    unbounded = console.options.update_width(1_000_000)  # measured without the console's cap
+    columns = [[console.measure(cell, options=unbounded) for cell in (column.header, *column.cells)]
+               for column in table.columns]
+    widest = [max(m.maximum for m in cells) for cells in columns]
+    needed = [w if column.no_wrap else max(m.minimum for m in cells)
+              for w, column, cells in zip(widest, table.columns, columns)]
+    return console.measure(table, options=unbounded).maximum - sum(widest) + sum(needed)
 
 
 def progress_console(**settings: Any) -> Console:

@@ -9,7 +9,7 @@ from typing import Any
 from rich.markup import escape
 from rich.table import Table
 
-from planner.cli.report import emit_json, human_console
+from planner.cli.report import emit_json, human_console, print_table
 
 TOLERANCE_PCT = {"params": 0.0, "bytes": 2.0, "flops": 1.0}
 """Accuracy targets of issue 4: counts and model-state bytes exact, saved activations 2 %, FLOPs 1 %."""
@@ -108,14 +108,14 @@ def efficiency_table(calibration) -> Table | None:
 def render_human(results: list, calibration_path: str | None = None, calibration=None) -> None:
     console = human_console()
     for result in results:
-        console.print(results_table(result))
+        print_table(console, results_table(result))
         classes = class_table(result)
         if classes is not None:
-            console.print(classes)
+            print_table(console, classes)
         console.print()
     efficiency = efficiency_table(calibration) if calibration is not None else None
     if efficiency is not None:
-        console.print(efficiency)
+        print_table(console, efficiency)
     if calibration_path:
         console.print(f"calibration written to {calibration_path}")
 
@@ -130,7 +130,7 @@ def result_payload(result) -> dict[str, Any]:
 def render_distributed(distributed: dict[str, Any]) -> None:
     """Per-rank DDP / ZeRO-1 / FSDP2 table."""
     title = f"distributed: {distributed['nproc']} processes (fp32 Adam, one step)"
-    human_console().print(rows_table(title, distributed["rows"], styled=False))
+    print_table(human_console(), rows_table(title, distributed["rows"], styled=False))
 
 
 def _rows_json(items) -> list[dict[str, Any]]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from rich.table import Table
 
-from planner.cli.report import emit_json, human_console
+from planner.cli.report import emit_json, human_console, print_table
 
 
 def _pct(predicted: float, measured: float) -> str:
@@ -99,11 +99,11 @@ def steps_table(steps: list[dict]) -> Table:
 
 def render_human(parts, written: list[str], steps: list[dict]) -> None:
     console = human_console()
-    console.print(parts_table(parts))
+    print_table(console, parts_table(parts))
     if parts.collectives:
-        console.print(collectives_table(parts))
+        print_table(console, collectives_table(parts))
     if steps:
-        console.print(steps_table(steps))
+        print_table(console, steps_table(steps))
         console.print("measured comm = summed gloo/nccl records of torch.profiler (they run on the backend's "
                       "threads and may overlap compute); compute = forward+backward - comm")
     for path in written:

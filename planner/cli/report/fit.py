@@ -6,7 +6,8 @@ from typing import TYPE_CHECKING
 
 from rich.table import Table
 
-from planner.cli.report import emit_json, fmt_bytes, fmt_count, fmt_seconds, gib, human_console
+from planner.cli.report import (emit_json, fmt_bytes, fmt_count, fmt_seconds, gib, human_console,
+                                 print_table)
 from planner.cli.report import table as new_table
 from planner.cli.report.check import transient_note
 from planner.memory.reserve import headroom_warning
@@ -125,7 +126,7 @@ def print_fit(result: FitResult) -> None:
     if result.layout is not None:
         console.print(f"engines that can run it: {', '.join(engines(result)) or 'none'}")
     if result.memory is not None:
-        console.print(memory_table(result.memory, wide=console.width >= WIDE_COLUMNS))
+        print_table(console, memory_table(result.memory, wide=console.width >= WIDE_COLUMNS))
         console.print(reserve_line(result.memory, cluster.gpu.memory_bytes))
         node = result.memory.node
         console.print(
@@ -143,7 +144,7 @@ def print_fit(result: FitResult) -> None:
             + (f"; host overhead (calibrated) {fmt_seconds(step.host_overhead_s)}" if step.host_overhead_s else "")
         )
     if result.strategies:
-        console.print(strategy_table(result))
+        print_table(console, strategy_table(result))
     console.print(verdict_line(result), style="bold green" if result.fits else "bold red")
     from planner.cli.report.check import suggestion_lines
 

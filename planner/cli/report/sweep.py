@@ -9,7 +9,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from planner.cli.report import GIB, emit_json, fmt_seconds
+from planner.cli.report import GIB, emit_json, fmt_seconds, print_table
 from planner.cli.report import table as new_table
 from planner.search.sweep import SweepResult, SweepRow
 
@@ -48,20 +48,27 @@ def _layout_cells(row: SweepRow) -> list[str]:
             str(lay.virtual_stages), layout_label(row), str(lay.micro_batch), str(lay.grad_accum)]
 
 
+def _add_columns(table: Table, names: tuple[str, ...], text: tuple[str, ...] = ("states",)) -> None:
+    """Numbers right-aligned and never wrapped or cut; the `text` columns left-aligned, and the
+    ones that wrap when the table must fit 100 columns (report.PIPE_WIDTH)."""
+    for name in names:
+        table.add_column(name, justify="left" if name in text else "right",
+                         no_wrap=name not in text)
+
+
 def ranked_table(result: SweepResult) -> Table:
-    """The top layouts, best first."""
+    """The top layouts, best first. GPU-hours (days x 24 x the GPUs, the same order at one GPU
+    count) are in `--json` / `--csv`; the table keeps to 100 columns."""
     table = new_table(f"{result.model} on {result.cluster}: {result.num_gpus} GPUs, "
                         f"best {len(result.top)} of {result.fitting} fitting "
                         f"({result.evaluated} evaluated), by {result.sort}")
-    for name in ("#", "tp", "pp", "dp", "shard", "cp", "v", "states", "mb", "ga", "step", "tok/s", "MFU",
-                 "days", "GPU-h", "peak GiB", "free GiB"):
-        table.add_column(name, justify="left" if name == "states" else "right")
+    _add_columns(table, ("#", "tp", "pp", "dp", "shard", "cp", "v", "states", "mb", "ga", "step",
+                         "tok/s", "MFU", "days", "peak\nGiB", "free\nGiB"))
     for rank, row in enumerate(result.top, start=1):
         est = row.estimate
         table.add_row(str(rank), *_layout_cells(row), fmt_seconds(est.step_s),
                       f"{est.tokens_per_s:,.0f}", f"{est.mfu:.1%}", f"{est.days:,.1f}",
-                      f"{est.gpu_hours:,.0f}", f"{row.gpu_peak_bytes / GIB:,.1f}",
-                      f"{row.headroom_bytes / GIB:,.1f}")
+                      f"{row.gpu_peak_bytes / GIB:,.1f}", f"{row.headroom_bytes / GIB:,.1f}")
     return table
 
 
@@ -125,8 +132,8 @@ def breakdown_table(row: SweepRow) -> Table:
 def rejected_table(result: SweepResult) -> Table:
     """The fastest layouts that do not fit, and why."""
     table = new_table(f"fastest rejected layouts ({result.evaluated - result.fitting} rejected)")
-    for name in ("tp", "pp", "dp", "shard", "cp", "v", "states", "mb", "ga", "step", "rejected because"):
-        table.add_column(name, justify="left" if name in ("states", "rejected because") else "right")
+    _add_columns(table, ("tp", "pp", "dp", "shard", "cp", "v", "states", "mb", "ga", "step",
+                         "rejected because"), text=("states", "rejected because"))
     for row in result.rejected:
         table.add_row(*_layout_cells(row), fmt_seconds(row.estimate.step_s), row.reason)
     return table
@@ -135,9 +142,8 @@ def rejected_table(result: SweepResult) -> Table:
 def scaling_table(results: list[SweepResult]) -> Table:
     """Best layout per GPU count; scaling efficiency = tokens/s per GPU vs the first count."""
     table = new_table("scaling: best layout per GPU count")
-    for name in ("GPUs", "tp", "pp", "dp", "shard", "cp", "v", "states", "mb", "ga", "step", "tokens/s", "MFU",
-                 "days", "scaling eff."):
-        table.add_column(name, justify="left" if name == "states" else "right")
+    _add_columns(table, ("GPUs", "tp", "pp", "dp", "shard", "cp", "v", "states", "mb", "ga", "step",
+                         "tokens/s", "MFU", "days", "scaling eff."))
     base = None
     for result in results:
         if not result.top:
@@ -156,20 +162,20 @@ def render(console: Console, results: list[SweepResult]) -> None:
     """Human output for one or several GPU counts."""
     for result in results:
         if result.top:
-            console.print(ranked_table(result))
+            print_table(console, ranked_table(result))
             for line in variant_notes(result) + engine_note(result) + cp_note(result):
                 console.print(line, soft_wrap=True, highlight=False)
-            console.print(breakdown_table(result.top[0]))
+            print_table(console, breakdown_table(result.top[0]))
         else:
             console.print(f"[bold]{result.model} on {result.cluster}, {result.num_gpus} GPUs:[/] "
                           f"no layout fits: {result.empty_reason}")
         if result.rejected:
-            console.print(rejected_table(result))
+            print_table(console, rejected_table(result))
         console.print(f"{result.evaluated:,} layouts evaluated in {result.seconds:.2f} s")
         if result.excluded:
             console.print(excluded_line(result))
     if len(results) > 1:
-        console.print(scaling_table(results))
+        print_table(console, scaling_table(results))
 
 
 def excluded_line(result: SweepResult) -> str:
