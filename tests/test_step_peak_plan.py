@@ -8,10 +8,13 @@ other terms of a sum whose transient part is worked here.
 from __future__ import annotations
 
 import numpy as np
+from hypothesis import given
+from hypothesis import strategies as st
 
 from planner.core.spec import GIB, Layout
 from planner.io.jobfile import make_setup
 from planner.io.loading import cluster_for_gpus, load_model
+from planner.memory import peak
 from planner.memory.plan import plan_memory
 from planner.search import sweep
 
@@ -130,8 +133,6 @@ def test_the_peak_is_the_larger_of_the_two_moments():
     # Start of backward: 10 kept + max(7, 4) = 17; optimizer step: 30 (activations freed).
     # The named parts on top of kept + recompute (14): loss_backward 7 - 4 = 3, optimizer_step
     # 30 - 17 = 13; 14 + 3 + 13 = 30, the larger moment.
-    from planner.memory import peak
-
     assert peak.backward_moment_bytes(10, 4, 7) == 17
     assert peak.above_resident_bytes(17, 30) == 30
     assert peak.plan_transients(10, 4, 7, 30) == {"loss_backward": 3, "optimizer_step": 13}
@@ -143,3 +144,14 @@ def test_the_peak_is_the_larger_of_the_two_moments():
     got = peak.above_resident_bytes(peak.backward_moment_bytes(np.array([10, 10]), 4, 7),
                                     np.array([30, 5]))
     assert got.tolist() == [30, 17]
+
+
+@given(*[st.integers(0, 2**62 // 4)] * 4)
+def test_the_named_transients_add_up_to_the_larger_moment(kept, recompute, loss, temps):
+    # `plan_memory` reports the named parts, the sweep adds the larger moment to the states
+    # directly: for any byte counts the two are the same total, and neither part is negative
+    parts = peak.plan_transients(kept, recompute, loss, temps)
+    moment = peak.backward_moment_bytes(kept, recompute, loss)
+    assert min(parts.values()) >= 0
+    assert kept + recompute + sum(parts.values()) == peak.above_resident_bytes(moment, temps)
+    assert peak.above_resident_bytes(moment, temps) == max(kept + max(loss, recompute), temps)
