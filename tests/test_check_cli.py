@@ -140,6 +140,19 @@ def test_megatron_line(zplan, tmp_path):
     assert doc["setup"]["precision"] == "megatron-bf16"
 
 
+def test_a_launch_line_larger_than_the_cluster_says_how_it_was_checked(zplan, tmp_path):
+    # 2 nodes x 8 processes on dgx-a100 (one 8-GPU node): checked on 16 GPUs, two such nodes;
+    # the note said "16 of the 8 GPUs of dgx-a100" before
+    line = MEGATRON_LINE.replace("--nnodes 1", "--nnodes 2").replace("--global-batch-size 8",
+                                                                     "--global-batch-size 16")
+    result = zplan("check", "--megatron-args", write(tmp_path, "llama.sh", line), "--cluster", "dgx-a100")
+    assert result.returncode == 0, result.stderr
+    assert "checked on 16 GPUs, 2 nodes like those of dgx-a100" in result.stderr
+    small = zplan("check", "--megatron-args", write(tmp_path, "llama.sh", MEGATRON_LINE), "--cluster",
+                  "dgx-a100x128")
+    assert "checked on 8 of the 1024 GPUs of dgx-a100x128" in small.stderr
+
+
 @pytest.mark.parametrize(
     ("args", "files", "match"),
     [

@@ -153,8 +153,10 @@ def check_megatron(path: Path, cluster: Cluster, *, num_gpus: int | None, tokens
     notes = job.notes if gpus_given else (
         *job.notes, f"no torchrun --nproc-per-node and no --gpus: all {cluster.num_gpus} GPUs of the cluster")
     if not num_gpus and job.layout.num_gpus != cluster.num_gpus:  # two inputs disagree: say which won
-        notes = (*notes, f"the launch line runs {job.layout.num_gpus} processes: checked on "
-                         f"{job.layout.num_gpus} of the {cluster.num_gpus} GPUs of {cluster.name} "
+        where = (f"{job.layout.num_gpus} of the {cluster.num_gpus} GPUs of {cluster.name}"
+                 if job.layout.num_gpus < cluster.num_gpus else
+                 f"{hardware.num_gpus} GPUs, {hardware.num_nodes} nodes like those of {cluster.name}")
+        notes = (*notes, f"the launch line runs {job.layout.num_gpus} processes: checked on {where} "
                          "(the launch line wins over the cluster's size)")
     return check(job.model, hardware, job.layout, setup, "megatron", notes,
                  reserve_gib=reserve_gib, cpu_mem_gib=cpu_mem_gib, implementation=implementation,

@@ -242,12 +242,12 @@ def _busiest_node(cluster: Cluster, layout: Layout, host: list[tuple[int, int]])
 def _overflows(stages: list[StageMemory], node: NodeMemory) -> list[str]:
     """One phrase per resource that does not fit, naming where and by how much."""
     out = [
-        f"GPU memory on stage {s.stage} by {-s.headroom_bytes / GIB:.2f} GiB"
+        f"GPU memory on stage {s.stage} by {-s.headroom_bytes / GIB:,.2f} GiB"
         for s in stages
         if not s.fits
     ]
     if node.cpu_bytes > node.cpu_capacity_bytes:
-        out.append(f"CPU memory per node by {(node.cpu_bytes - node.cpu_capacity_bytes) / GIB:.2f} GiB")
+        out.append(f"CPU memory per node by {(node.cpu_bytes - node.cpu_capacity_bytes) / GIB:,.2f} GiB")
     if node.nvme_bytes > node.nvme_capacity_bytes:
-        out.append(f"NVMe per node by {(node.nvme_bytes - node.nvme_capacity_bytes) / GIB:.2f} GiB")
+        out.append(f"NVMe per node by {(node.nvme_bytes - node.nvme_capacity_bytes) / GIB:,.2f} GiB")
     return out

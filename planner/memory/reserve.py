@@ -135,8 +135,8 @@ def headroom_warning(headroom_bytes: int, capacity_bytes: int,
     margin = margin_fraction * capacity_bytes
     if headroom_bytes < 0 or headroom_bytes >= margin:
         return None
-    return (f"headroom {headroom_bytes / GIB:.2f} GiB is below the {margin_fraction:.0%} margin "
-            f"({margin / GIB:.2f} GiB): within the planner's error, it may not fit")
+    return (f"headroom {headroom_bytes / GIB:,.2f} GiB is below the {margin_fraction:.0%} margin "
+            f"({margin / GIB:,.2f} GiB): within the planner's error, it may not fit")
 
 
 def reserve_known(gpu: GpuSpec) -> bool:

@@ -992,13 +992,13 @@ def overflow_reason(cols: dict[str, np.ndarray], i: int, cluster: Cluster) -> st
     out = []
     if cols["headroom_bytes"][i] < 0:
         out.append(f"GPU memory on stage {cols['peak_stage'][i]} by "
-                   f"{-cols['headroom_bytes'][i] / GIB:.2f} GiB")
+                   f"{-cols['headroom_bytes'][i] / GIB:,.2f} GiB")
     cpu_over = cols["node_cpu_bytes"][i] - cluster.node.cpu_memory_bytes
     if cpu_over > 0:
-        out.append(f"CPU memory per node by {cpu_over / GIB:.2f} GiB")
+        out.append(f"CPU memory per node by {cpu_over / GIB:,.2f} GiB")
     nvme_over = cols["node_nvme_bytes"][i] - cluster.node.nvme_bytes
     if nvme_over > 0:
-        out.append(f"NVMe per node by {nvme_over / GIB:.2f} GiB")
+        out.append(f"NVMe per node by {nvme_over / GIB:,.2f} GiB")
     return "; ".join(out)
 
 
@@ -1096,7 +1096,7 @@ def _why_nothing_fits(cols, ok, cluster: Cluster, engine: str | None = None) -> 
     closest = int(np.argmax(cols["headroom_bytes"]))
     return (f"none of the {total} layouts fits: GPU memory rules out {int((~gpu_ok).sum())}, "
             f"CPU memory {int((~cpu_ok).sum())}, NVMe {int((~nvme_ok).sum())}; the most GPU "
-            f"headroom is {cols['headroom_bytes'][closest] / GIB:.2f} GiB")
+            f"headroom is {cols['headroom_bytes'][closest] / GIB:,.2f} GiB")
 
 
 def sweep(model: ModelSpec, cluster: Cluster, setup: TrainSetup, constraints: Constraints | None = None,

@@ -115,6 +115,15 @@ def fmt_count(n: float) -> str:
     return f"{n:,.0f}"
 
 
+def fmt_short(n: float) -> str:
+    """A large count in three significant digits with a suffix: 3e11 -> 300B, 1.5e12 -> 1.5T."""
+    for div, suffix in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "K")):
+        if abs(n) >= div:
+            value = n / div
+            return (f"{value:.3g}" if abs(value) < 1000 else f"{value:,.0f}") + suffix
+    return f"{n:.3g}"
+
+
 def fmt_seconds(seconds: float) -> str:
     """A duration: ms below one second, s below an hour, then hours or days."""
     if seconds < 1:

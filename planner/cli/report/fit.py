@@ -6,8 +6,8 @@ from typing import TYPE_CHECKING
 
 from rich.table import Table
 
-from planner.cli.report import (emit_json, fmt_bytes, fmt_count, fmt_seconds, gib, human_console,
-                                 print_table)
+from planner.cli.report import (emit_json, fmt_bytes, fmt_count, fmt_seconds, fmt_short, gib,
+                                 human_console, print_table)
 from planner.cli.report import table as new_table
 from planner.cli.report.check import transient_note
 from planner.memory.reserve import headroom_warning
@@ -138,7 +138,7 @@ def print_fit(result: FitResult) -> None:
         console.print(
             f"step {fmt_seconds(step.step_s)}, {step.tokens_per_s:,.0f} tokens/s, "
             f"MFU {step.mfu:.1%}{mfu_note(result.setup)}, {step.days:,.1f} days for "
-            f"{result.setup.train_tokens:.3g} tokens "
+            f"{fmt_short(result.setup.train_tokens)} tokens "
             f"({step.gpu_hours:,.0f} GPU-hours)"
             + (f"; expert all-to-all {fmt_seconds(step.ep_comm_s)}" if step.ep_comm_s else "")
             + (f"; host overhead (calibrated) {fmt_seconds(step.host_overhead_s)}" if step.host_overhead_s else "")
