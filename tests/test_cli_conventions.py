@@ -160,6 +160,41 @@ def test_the_readme_infer_example_says_it_exits_1():
     assert ("exits 1" in line) == (result.returncode == 1), (line, result.returncode)
 
 
+@pytest.mark.cli
+@pytest.mark.parametrize(("document", "folder"), [("README.md", "."), ("docs/io.md", "."),
+                                                  ("docs/hardware.md", "examples")])
+def test_the_documented_examples_print_the_lines_they_show(document, folder):
+    # Each output line a document shows under a `$ zplan ...` command (but elided rows and the
+    # `# ...` remarks) is a line the command prints, run from `folder` (docs/hardware.md's
+    # `job.yaml` is examples/job.yaml), with the exit code its lines imply (1 after DOES NOT FIT,
+    # 2 for an error line, else 0). The README's examples had drifted (peak
+    # 20.61 GiB of 32.00 GiB, from before the runtime reserve was counted).
+    root = Path(__file__).resolve().parents[1]
+    lines = (root / document).read_text(encoding="utf-8").splitlines()
+    checked = 0
+    for i, line in enumerate(lines):
+        if not line.startswith("$ zplan "):
+            continue
+        shown = []
+        for out in lines[i + 1:]:
+            if not out.strip() or out.startswith(("$ ", "```")):
+                break
+            shown.append(out)
+        if not shown:
+            continue
+        result = run_zplan(*line.split("#")[0].split()[2:], cwd=root / folder, env={"COLUMNS": "400"})
+        printed = [out.rstrip() for out in (result.stdout + result.stderr).splitlines()]
+        for out in shown:
+            text = out.split("  # ")[0].rstrip()
+            if text.strip() != "...":
+                assert text in printed, (line, text)
+        expected = (1 if any(out.startswith("DOES NOT FIT") for out in shown)
+                    else 2 if shown[0].startswith("zplan: error:") else 0)
+        assert result.returncode == expected, line
+        checked += 1
+    assert checked >= 1
+
+
 # --------------------------------------------------------------------------- options
 
 
