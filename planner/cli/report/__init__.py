@@ -45,8 +45,11 @@ def print_table(console: Console, table: Table) -> None:
     columns wrapped to their longest word is printed at the width it needs: rich's last resort
     would otherwise shorten every column, numbers too ('2,283,933' -> '2,283…'), and a log
     reader cannot widen a file. On a terminal rich fits the window (widen it, or set COLUMNS)."""
+    if not _off_terminal(console) or _plain_width(table) <= console.width:
+        console.print(table)  # the common case, decided without rich's measuring (~10 ms)
+        return
     need = needed_width(console, table)
-    if not _off_terminal(console) or need <= console.width:
+    if need <= console.width:
         console.print(table)
         return
     width = console.width
@@ -55,6 +58,20 @@ def print_table(console: Console, table: Table) -> None:
         console.print(table)
     finally:
         console.width = width
+
+
+def _plain_width(table: Table) -> float:
+    """The widest a `table()` of plain-text cells can be: each column's longest line plus the
+    two columns between neighbours (padding and rule); infinite when a cell is not a string."""
+    from rich.cells import cell_len
+
+    total = 2 * (len(table.columns) - 1)
+    for column in table.columns:
+        cells = (column.header, *column.cells)
+        if not all(isinstance(cell, str) for cell in cells):
+            return float("inf")
+        total += max(cell_len(line) for cell in cells for line in cell.split("\n"))
+    return total
 
 
 def needed_width(console: Console, table: Table) -> int:
