@@ -36,6 +36,15 @@ def test_human_tables_on_stdout(zplan):
     assert "rejected because" in proc.stdout
 
 
+def test_ranked_by_gpu_hours_the_table_shows_them(zplan):
+    # the table shows days, or GPU-hours when they rank (the sort key's column is the one shown)
+    args = (*BASE, "--gpus", "64", "--top", "2", "--rejected", "0")
+    days, hours = zplan(*args), zplan(*args, "--sort", "gpu-hours")
+    best = json.loads(zplan(*args, "--sort", "gpu-hours", "--json").stdout)["results"][0]["top"][0]
+    assert " days " in days.stdout and "GPU-h" not in days.stdout
+    assert "GPU-h" in hours.stdout and f"{best['estimate']['gpu_hours']:,.0f}" in hours.stdout
+
+
 def test_csv_has_every_column(zplan):
     proc = zplan(*BASE, "--gpus", "64", "--top", "2", "--rejected", "1", "--csv", "-")
     assert proc.returncode == 0, proc.stderr

@@ -57,17 +57,20 @@ def _add_columns(table: Table, names: tuple[str, ...], text: tuple[str, ...] = (
 
 
 def ranked_table(result: SweepResult) -> Table:
-    """The top layouts, best first. GPU-hours (days x 24 x the GPUs, the same order at one GPU
-    count) are in `--json` / `--csv`; the table keeps to 100 columns."""
+    """The top layouts, best first. The run's length in days, or in GPU-hours when ranked by
+    them (days x 24 x the GPUs: the same order at one GPU count); both are in `--json` /
+    `--csv`. The table keeps to 100 columns."""
     table = new_table(f"{result.model} on {result.cluster}: {result.num_gpus} GPUs, "
                         f"best {len(result.top)} of {result.fitting} fitting "
                         f"({result.evaluated} evaluated), by {result.sort}")
+    gpu_hours = result.sort == "gpu-hours"
     _add_columns(table, ("#", "tp", "pp", "dp", "shard", "cp", "v", "states", "mb", "ga", "step",
-                         "tok/s", "MFU", "days", "peak\nGiB", "free\nGiB"))
+                         "tok/s", "MFU", "GPU-h" if gpu_hours else "days", "peak\nGiB", "free\nGiB"))
     for rank, row in enumerate(result.top, start=1):
         est = row.estimate
         table.add_row(str(rank), *_layout_cells(row), fmt_seconds(est.step_s),
-                      f"{est.tokens_per_s:,.0f}", f"{est.mfu:.1%}", f"{est.days:,.1f}",
+                      f"{est.tokens_per_s:,.0f}", f"{est.mfu:.1%}",
+                      f"{est.gpu_hours:,.0f}" if gpu_hours else f"{est.days:,.1f}",
                       f"{row.gpu_peak_bytes / GIB:,.1f}", f"{row.headroom_bytes / GIB:,.1f}")
     return table
 
