@@ -71,10 +71,16 @@ class Frozen(BaseModel):
         `model_construct` would drop them without a word. tests/test_computed_results.py
         re-validates every result that fit, check and sweep build and checks that each value
         already has the type validation would give it."""
+        cls._refuse_unknown(values)
+        return cls.model_construct(**values)
+
+    @classmethod
+    def _refuse_unknown(cls, values: dict[str, Any]) -> None:
+        """TypeError for a name the class does not have (the unvalidated constructors would
+        drop it without a word)."""
         unknown = values.keys() - cls.__pydantic_fields__.keys()
         if unknown:
             raise TypeError(f"{cls.__name__} has no field {', '.join(sorted(unknown))}")
-        return cls.model_construct(**values)
 
     @classmethod
     def __pydantic_init_subclass__(cls, **kwargs: object) -> None:
@@ -737,9 +743,7 @@ class Layout(Frozen):
         against `model_construct`'s 11 us, which deep-copies the default of every field not
         given (the buffers model among them). Names Layout does not have are refused, as in
         `Frozen.computed`."""
-        unknown = fields.keys() - cls.__pydantic_fields__.keys()
-        if unknown:
-            raise TypeError(f"Layout has no field {', '.join(sorted(unknown))}")
+        cls._refuse_unknown(fields)
         return _default_layout().model_copy(update=fields)
 
     @property

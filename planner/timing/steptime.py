@@ -610,6 +610,7 @@ def state_terms(r: Rates, cols: LayoutColumns, layers, stage_params, shard_param
                             None if stage_rows is None else stage_rows[one], one.shape)
         stage_keys = group_rows(stage, tp[one], cp,
                                 np.minimum(np.maximum(node // tp[one], 1), whole), whole)[1]
+        unit_params = stage_params[one].take(representatives(stage, int(stage.max()) + 1))
         shard_rank = unique_ints(cols["dp_shard"])[1] if hsdp else None
         keys = (stage_keys.take(activity[1]) * 4 + zero,) + ((shard_rank,) if hsdp else ())
     pp_v = [np.broadcast_to(cols[c], shape) for c in ("pp", "virtual_stages")]  # interleaving
@@ -649,8 +650,7 @@ def state_terms(r: Rates, cols: LayoutColumns, layers, stage_params, shard_param
     def fsdp2(rows, reshard):  # grouped: the copies once per stage; HSDP's term (None: none)
         copies = None
         if activity is not None:  # a few stages for thousands of rows: looked up by index
-            unit = fsdp2_unit_copy_bytes(stage_params.take(activity[0].take(
-                representatives(stage, int(stage.max()) + 1))), sizes, reshard)
+            unit = fsdp2_unit_copy_bytes(unit_params, sizes, reshard)  # per stage index
             at = stage.take(activity[1].take(rows))
             copies = sharded_dp.Fsdp2CopyBytes(*(np.asarray(x).take(at) for x in unit))
         return sharded(fsdp2_comm, rows, reshard, coll["replica_layer_s"][rows] if hsdp else None,

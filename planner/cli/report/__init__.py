@@ -124,9 +124,13 @@ def gib(n_bytes: float) -> str:
     return f"{n_bytes / GIB:,.2f}"
 
 
+_SUFFIXES = ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "K"))
+"""Short forms of large counts (`fmt_count`, `fmt_short`)."""
+
+
 def fmt_count(n: float) -> str:
     """A large count with thousands separators and a short form: 175,181,291,520 (175.2B)."""
-    for div, suffix in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "K")):
+    for div, suffix in _SUFFIXES:
         if abs(n) >= div:
             return f"{n:,.0f} ({n / div:.1f}{suffix})"
     return f"{n:,.0f}"
@@ -134,7 +138,7 @@ def fmt_count(n: float) -> str:
 
 def fmt_short(n: float) -> str:
     """A large count in three significant digits with a suffix: 3e11 -> 300B, 1.5e12 -> 1.5T."""
-    for div, suffix in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "K")):
+    for div, suffix in _SUFFIXES:
         if abs(n) >= div:
             value = n / div
             return (f"{value:.3g}" if abs(value) < 1000 else f"{value:,.0f}") + suffix
