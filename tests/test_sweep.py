@@ -131,6 +131,25 @@ def test_top_layouts_fit_and_are_sorted():
             assert plan.plan_memory(model, cluster, row.layout, setup).fits
 
 
+@pytest.mark.parametrize("case", CASES[:3], ids=[c[0] for c in CASES[:3]])
+def test_every_result_row_carries_its_own_layouts_estimate_and_memory(case):
+    """Each ranked and rejected row of a sweep holds what `estimate_step` and `plan_memory` give
+    for that row's layout: every step field (the compute efficiency too: it differs with tp and
+    micro-batch, so a row must not carry another candidate's) and its memory to the byte."""
+    model, cluster, setup, c = _load(case)
+    result = sweep.sweep(model, cluster, setup, c, top=6, rejected=4)
+    assert result.top and result.rejected
+    for row in result.top + result.rejected:
+        est = steptime.estimate_step(model, cluster, row.layout, setup)
+        for name, value in est.model_dump().items():
+            assert getattr(row.estimate, name) == pytest.approx(value, rel=1e-12, abs=1e-15), \
+                (name, row.layout)
+        mem = plan.plan_memory(model, cluster, row.layout, setup)
+        assert row.gpu_peak_bytes == max(s.total_bytes for s in mem.stages)
+        assert row.headroom_bytes == mem.peak_stage.headroom_bytes
+        assert row.fits == mem.fits
+
+
 def test_best_layout_returns_the_scalar_estimate():
     model, cluster, setup, c = _load(CASES[0])
     layout, est = sweep.best_layout(model, cluster, setup, c)

@@ -1010,7 +1010,7 @@ def _row(cands, cols, i: int, c: Constraints, cluster: Cluster, fits: bool,
     return SweepRow.computed(
         layout=layout_at(cands, i, c),
         estimate=steptime.StepEstimate.computed(
-            **est, compute_efficiency=float(cols["efficiency"][0])),
+            **est, compute_efficiency=float(cols["efficiency"][i])),
         gpu_peak_bytes=int(cols["gpu_peak_bytes"][i]), peak_stage=int(cols["peak_stage"][i]),
         headroom_bytes=int(cols["headroom_bytes"][i]), node_cpu_bytes=int(cols["node_cpu_bytes"][i]),
         node_nvme_bytes=int(cols["node_nvme_bytes"][i]), fits=fits,
