@@ -54,7 +54,7 @@ def _oracle(engine: str, constraints: sweep.Constraints) -> tuple[int, float]:
     the unfiltered search evaluated, then each fitting one checked as a Layout by the scalar
     rules, its ZeRO-2/3 under the engine's sharding model."""
     cands, _, key = sweep.enumerate_product(MODEL, CLUSTER, SETUP, constraints)
-    cols = sweep.evaluate_all(MODEL, CLUSTER, SETUP, cands, constraints, activity_key=key)
+    cols = sweep.evaluate(MODEL, CLUSTER, SETUP, cands, constraints, activity_key=key)
     ok = sweep.fit_masks(cols, CLUSTER)
     runs = []
     for i in np.nonzero(ok[0] & ok[1] & ok[2])[0]:

@@ -34,7 +34,7 @@ import functools
 import math
 import time
 from collections.abc import Callable
-from typing import Annotated, Literal
+from typing import Annotated, Literal, NamedTuple
 
 import numpy as np
 from pydantic import Field
@@ -750,6 +750,25 @@ def evaluate(model: ModelSpec, cluster: Cluster, setup: TrainSetup, cands: dict[
     the enumeration does) and gathered back; states, transients and the data-parallel terms on
     every candidate."""
     c = c or Constraints()
+    out, times = memory_columns(model, cluster, setup, cands, c, efficiency, activity_key)
+    return out | steptime.row_columns(times.g, cands, (times.rows, times.group))
+
+
+class GroupedTimes(NamedTuple):
+    """The step-time work of a chunk of candidates' activity groups (`steptime.GroupTimes`),
+    with each group's row (`rows`) and each candidate's group (`group`)."""
+
+    g: steptime.GroupTimes
+    rows: np.ndarray
+    group: np.ndarray
+
+
+def memory_columns(model: ModelSpec, cluster: Cluster, setup: TrainSetup,
+                   cands: dict[str, np.ndarray], c: Constraints, efficiency: float | None,
+                   activity_key: np.ndarray | None) -> tuple[dict[str, np.ndarray], GroupedTimes]:
+    """`evaluate`'s memory columns of every candidate, and the step-time work of its activity
+    groups (`steptime.group_times`), from which `steptime.row_columns` gives the step columns
+    of any candidates (`evaluate`: all; `sweep`: those the ranking needs, `StepTimes`)."""
     rows, group = activity_groups(cands, activity_key)
     one = cands.take(rows)  # one candidate per group: what does not read the states
     tp, pp, vs, rec, sp, b = (one[k] for k in ("tp", "pp", "virtual_stages", "recompute", "sequence_parallel", "micro_batch"))
@@ -824,13 +843,12 @@ def evaluate(model: ModelSpec, cluster: Cluster, setup: TrainSetup, cands: dict[
     peak_stage = kind_stage[group, peak_kind]  # the stage number of each candidate's peak kind
     out = dict(gpu_peak_bytes=gpu_peak, peak_stage=peak_stage,
                headroom_bytes=capacity - gpu_peak, node_cpu_bytes=node_cpu, node_nvme_bytes=node_nvme)
-    out |= steptime.step_columns(model, cluster, setup, cands,
-                                 tables["max_layers"][:, 0].take(inv),
-                                 tables["max_params"][:, 0].take(inv),
-                                 flash_attention=c.flash_attention,
-                                 buffers=c.buffers, efficiency=efficiency, stage_rows=inv,
-                                 activity=(rows, group), megatron_overlap=c.megatron_overlap)
-    return out
+    g = steptime.group_times(model, cluster, setup, one, tables["max_layers"][:, 0].take(inv_one),
+                             tables["max_params"][:, 0].take(inv_one),
+                             flash_attention=c.flash_attention, buffers=c.buffers,
+                             efficiency=efficiency, stage_rows=inv_one,
+                             megatron_overlap=c.megatron_overlap)
+    return out, GroupedTimes(g, rows, group)
 
 
 # --------------------------------------------------------------------------- ranking
@@ -904,27 +922,126 @@ class SweepResult(Frozen):
     seconds: float = 0.0
 
 
-def evaluate_all(model, cluster, setup, cands, c, efficiency=None,
-                 progress: Callable[[int, int], None] | None = None,
-                 activity_key: np.ndarray | None = None) -> dict[str, np.ndarray]:
-    """`evaluate` in chunks of CHUNK candidates, calling progress(done, total) after each."""
+def memory_all(model, cluster, setup, cands, c, efficiency=None,
+               progress: Callable[[int, int], None] | None = None,
+               activity_key: np.ndarray | None = None) -> tuple[dict[str, np.ndarray], "StepTimes"]:
+    """`memory_columns` in chunks of CHUNK candidates, calling progress(done, total) after each;
+    the step columns to be evaluated where the ranking needs them (`StepTimes`)."""
     total = len(cands["tp"])
-    parts = []
+    parts, times = [], StepTimes(cands)
     for start in range(0, max(total, 1), CHUNK):
         part = slice(start, start + CHUNK)
         key = None if activity_key is None else activity_key[part]
-        parts.append(evaluate(model, cluster, setup, cands.take(part), c, efficiency, key))
+        cols, grouped = memory_columns(model, cluster, setup, cands.take(part), c, efficiency, key)
+        parts.append(cols)
+        times.add(start, grouped)
         if progress:
             progress(min(start + CHUNK, total), total)
     if len(parts) == 1:
-        return parts[0]
-    return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+        return parts[0], times
+    return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}, times
 
 
-def check_sort(sort: str) -> None:
-    """A sort key `rank_order` knows, else PlanInputError."""
+FIRST_TIMED = 256
+"""Candidates `StepTimes.rank` times first (at least; 8 x its limit), the best bounds: their
+exact keys set the cut every other candidate's bound is held against."""
+
+
+class StepTimes:
+    """The step columns of a sweep's candidates, evaluated on the candidates the ranking needs.
+
+    Every candidate's step time is at least its activity group's bound (`steptime.step_bounds`:
+    the terms that read no ZeRO / offload / engine field, which the groups share; the others
+    are >= 0), and so are the sort keys derived from it. `rank` evaluates the state terms
+    (`steptime.row_columns`) of the candidates with the best bounds (FIRST_TIMED), then of every
+    candidate whose bound reaches the limit-th best of those exact keys: no other candidate can
+    be among the first `limit`, so `rank_order` over those gives the order it gives over fully
+    evaluated columns (tests/test_sweep_bounds.py). Columns are filled where `done`."""
+
+    def __init__(self, cands: LayoutColumns):
+        self.cands, self.parts = cands, []
+        self.cols: dict[str, np.ndarray] = {}
+        self.done = np.zeros(len(cands), dtype=bool)
+        self._bounds: dict[str, np.ndarray] = {}
+
+    def add(self, start: int, grouped: GroupedTimes) -> None:
+        """The chunk of candidates from `start` on (`memory_all`)."""
+        self.parts.append((start, grouped))
+
+    def bound(self, name: str) -> np.ndarray:
+        """Per candidate: the bound of step column `name` (the least step time; the rates at
+        it: greater or equal where the rate falls with the step time)."""
+        if name not in self._bounds:
+            self._bounds[name] = np.concatenate(
+                [steptime.step_bounds(grouped.g)[name].take(grouped.group)
+                 for _, grouped in self.parts])
+        return self._bounds[name]
+
+    def evaluate(self, idx: np.ndarray) -> None:
+        """Fill the step columns of the candidates `idx`."""
+        todo = idx[~self.done[idx]]
+        for start, (g, _, group) in self.parts:
+            at = todo[(todo >= start) & (todo < start + len(group))]
+            if not len(at):
+                continue
+            groups = group.take(at - start)
+            distinct, local = unique_ints(groups)
+            values = steptime.row_columns(g, self.cands.take(at),
+                                          (representatives(local, len(distinct)), local), groups)
+            for name, column in values.items():
+                if name not in self.cols:
+                    self.cols[name] = np.empty(len(self.done))
+                self.cols[name][at] = column
+            self.done[at] = True
+
+    def rank(self, cols: dict[str, np.ndarray],
+             queries: list[tuple[np.ndarray, str, int]]) -> list[np.ndarray]:
+        """`rank_order(cols + the step columns, idx, sort, limit)` of each query (idx, sort,
+        limit), the step columns evaluated on the candidates that can be among the first
+        `limit` only: the FIRST_TIMED best bounds of each query, then every candidate whose
+        bound reaches the limit-th best of their exact keys (the queries together: two
+        evaluations, whose fixed cost outweighs their rows')."""
+        needs, cuts = [], []
+        for idx, sort, limit in queries:
+            name, descending = _SORT_COLUMN[check_sort(sort)]
+            sign = -1.0 if descending else 1.0
+            if limit >= len(idx) or limit == 0:
+                needs.append(idx[:limit])  # all of them, or none
+            elif name not in steptime.StepEstimate.model_fields:  # a memory key: rank_order's
+                within = _within_limit(sign * cols[name][idx].astype(np.float64), limit)  # cut
+                needs.append(idx if within is None else idx[within])
+            else:  # the step time's (or a rate's): bounded
+                bound = sign * self.bound(name)[idx]
+                first = min(len(idx), max(FIRST_TIMED, 8 * limit))
+                best = idx[np.argpartition(bound, first - 1)[:first]]
+                cuts.append((len(needs), idx, bound, best, sign * 1.0, name, limit))
+                needs.append(best)
+        self.evaluate(np.concatenate(needs))
+        for at, idx, bound, best, sign, name, limit in cuts:  # >= the limit-th best exact key
+            cut = np.partition(sign * self.cols[name][best], limit - 1)[limit - 1]
+            needs[at] = idx if np.isnan(cut) else idx[bound <= cut]
+        if cuts:
+            self.evaluate(np.concatenate(needs))
+        merged = cols | self.cols
+        return [rank_order(merged, need, sort, limit) if len(need) else need
+                for need, (_, sort, limit) in zip(needs, queries)]
+
+
+def check_sort(sort: str) -> str:
+    """`sort` when `rank_order` knows the key, else PlanInputError."""
     if sort not in _SORT_COLUMN:
         raise PlanInputError("sort", f"unknown key {sort!r}; allowed: {', '.join(SORT_KEYS)}")
+    return sort
+
+
+def _within_limit(key: np.ndarray, limit: int | None) -> np.ndarray | None:
+    """Mask of the keys at most the limit-th smallest: only those can be among the first
+    `limit` (np.partition is linear). None: all can (no limit, too few keys, or a NaN
+    threshold: NaN sorts last, the cut would select nothing)."""
+    if limit is None or limit >= len(key):
+        return None
+    cut = np.partition(key, limit - 1)[limit - 1]
+    return None if np.isnan(cut) else key <= cut
 
 
 def rank_order(cols: dict[str, np.ndarray], idx: np.ndarray, sort: str,
@@ -932,20 +1049,14 @@ def rank_order(cols: dict[str, np.ndarray], idx: np.ndarray, sort: str,
     """`idx` ordered by the sort key; ties by step time, then less offloading (none < cpu <
     nvme, for optimizer and parameters), then more GPU headroom, then enumeration order.
     With `limit`, only the first `limit` of that order (the same ones)."""
-    check_sort(sort)
-    name, descending = _SORT_COLUMN[sort]
-    key = cols[name][idx].astype(np.float64)
-    key = -key if descending else key
+    name, descending = _SORT_COLUMN[check_sort(sort)]
     if limit == 0:
         return idx[:0]
-    if limit is not None and limit < len(idx):
-        # only candidates whose key is at most the limit-th smallest can be among the first
-        # `limit`: sort those few instead of all (np.partition is linear). A NaN threshold
-        # (NaN sorts last) would select nothing: then sort everything.
-        cut = np.partition(key, limit - 1)[limit - 1]
-        if not np.isnan(cut):
-            keep = key <= cut
-            idx, key = idx[keep], key[keep]
+    key = cols[name][idx].astype(np.float64)
+    key = -key if descending else key
+    within = _within_limit(key, limit)  # sort those few instead of all
+    if within is not None:
+        idx, key = idx[within], key[within]
     offload = cols["opt"][idx] + cols["par"][idx]
     order = np.lexsort((idx, -cols["headroom_bytes"][idx], offload, cols["step_s"][idx], key))
     return idx[order][:limit]
@@ -1118,7 +1229,7 @@ def sweep(model: ModelSpec, cluster: Cluster, setup: TrainSetup, constraints: Co
         return SweepResult.computed(**base, fitting=0, rejected_gpu=0, rejected_cpu=0, rejected_nvme=0,
                            top=[], rejected=[], empty_reason=explain_empty(model, cluster, setup, c),
                            seconds=time.perf_counter() - start)
-    cols = evaluate_all(model, cluster, setup, cands, c, efficiency, progress, activity_key)
+    cols, times = memory_all(model, cluster, setup, cands, c, efficiency, progress, activity_key)
     cols |= {"opt": cands["offload_optimizer"], "par": cands["offload_params"]}  # offload codes for tie-breaking
     ok = fit_masks(cols, cluster)
     fits = ok[0] & ok[1] & ok[2]
@@ -1128,13 +1239,13 @@ def sweep(model: ModelSpec, cluster: Cluster, setup: TrainSetup, constraints: Co
         runs = engine_mask(model, setup, cands, c)
         fits, shown = fits & runs, shown & runs
     # every offload combination of a layout may be a near-identical variant (3 x 3 targets)
-    ranked = rank_order(cols, np.nonzero(fits & shown)[0], sort, top * 9)
-    good = collapse_variants(cands, cols, ranked, top)
-    bad = rank_order(cols, np.nonzero(~fits & shown)[0], "step-time", rejected)
-    without_cp = None
-    if good and int(cands["cp"][good[0][0]]) > 1:
-        plain = rank_order(cols, np.nonzero(fits & shown & (cands["cp"] == 1))[0], sort, 1)
-        without_cp = _row(cands, cols, int(plain[0]), c, cluster, True) if len(plain) else None
+    ranked, bad = times.rank(cols, [(np.nonzero(fits & shown)[0], sort, top * 9),
+                                    (np.nonzero(~fits & shown)[0], "step-time", rejected)])
+    good = collapse_variants(cands, cols | times.cols, ranked, top)
+    plain = times.rank(cols, [(np.nonzero(fits & shown & (cands["cp"] == 1))[0], sort, 1)])[0] \
+        if good and int(cands["cp"][good[0][0]]) > 1 else []
+    cols |= times.cols  # the step columns, filled on the rows ranked above (`StepTimes`)
+    without_cp = _row(cands, cols, int(plain[0]), c, cluster, True) if len(plain) else None
     return SweepResult.computed(
         **base, fitting=int(fits.sum()), rejected_gpu=int((~ok[0]).sum()),
         rejected_cpu=int((~ok[1]).sum()), rejected_nvme=int((~ok[2]).sum()),

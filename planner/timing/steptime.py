@@ -700,16 +700,19 @@ EXPOSED = ("compute_s", "recompute_s", "memory_bound_s", "tp_comm_s", "cp_comm_s
 
 
 def step_terms(r: Rates, cols: LayoutColumns, work: StageWork, sizes: ByteSizes,
-               activity: tuple[np.ndarray, np.ndarray] | None = None) -> dict:
-    """Every time term of one step, for each row of the layout columns: `compute_terms`, then
-    `state_terms` in their windows, and `step_s` the sum of the exposed ones. `activity`:
-    (rows, inverse) when `work` holds only the rows `rows` of `cols`, one per group of rows that
-    differ only in the ZeRO / offload / engine fields (`step_columns`): `compute_terms` runs on
-    those rows and is gathered to every row, `state_terms` on every row (the ZeRO shard of each
-    row from `zero_shard_params`)."""
-    sub = cols if activity is None else cols.take(activity[0])
-    terms = {k: gather(v, activity) for k, v in compute_terms(r, sub, work).items()}
-    layers, stage_params, stage_rows = (gather(x, activity)
+               group_terms: dict, activity: tuple[np.ndarray, np.ndarray] | None = None,
+               group: np.ndarray | None = None) -> dict:
+    """Every time term of one step, for each row of the layout columns: `group_terms` (the
+    `compute_terms` of `work`'s rows), then `state_terms` in their windows, and `step_s` the
+    sum of the exposed ones. `activity`: (rows, inverse) when `work` holds only the rows `rows`
+    of `cols`, one per group of rows that differ only in the ZeRO / offload / engine fields
+    (`step_columns`): the compute terms are gathered to every row, `state_terms` run on every
+    row (the ZeRO shard of each row from `zero_shard_params`). `group`: each row's row of
+    `work` when it is not `activity`'s inverse (`GroupTimes.rows_at`: `work` then holds groups
+    that `cols` may not all have)."""
+    at = None if activity is None else (None, activity[1] if group is None else group)
+    terms = {k: gather(v, at) for k, v in group_terms.items()}
+    layers, stage_params, stage_rows = (gather(x, at)
                                         for x in (work.layers, work.stage_params, work.stage_rows))
     shard = work.shard_params if activity is None else zero_shard_params(
         stage_params, shard_ranks(cols), cols["zero_stage"])
@@ -821,33 +824,34 @@ def slowest_stage_work(model: ModelSpec, setup: TrainSetup, r: Rates, cols: Layo
                 fill_stages=sp.fill_units(model.num_layers, lam, blocks, on_last))
 
 
-def step_columns(model: ModelSpec, cluster: Cluster, setup: TrainSetup, cols: LayoutColumns,
-                 layers, stage_params, *, flash_attention: bool = False,
-                 buffers: EngineBuffers = DEFAULT_BUFFERS,
-                 efficiency: float | None = None,
-                 stage_rows: np.ndarray | None = None,
-                 activity: tuple[np.ndarray, np.ndarray] | None = None,
-                 megatron_overlap: tuple[str, ...] | None = None) -> dict[str, np.ndarray]:
-    """Every step term and rate of each layout row, float64 columns: `estimate_step` is its
-    length-1 evaluation, the sweep evaluates all candidates. `layers`, `stage_params`: the
-    largest stage's layers and per-GPU parameters of each row (`stage_layers_and_params`);
-    `stage_rows` optionally each row's index among the distinct (layers, stage_params) pairs
-    (the sweep's (tp, pp) table rows; found by `state_terms` when None).
-    `activity`: optionally (rows, inverse), one row of each group of rows that differ only in
-    the ZeRO / offload / engine fields and each row's group (`columns.activity_groups`): the
-    stage work and `compute_terms`, which read none of those fields, are evaluated on `rows`
-    only and gathered back (`step_terms`); the same values as on every row.
-    `megatron_overlap`: `Layout.megatron_overlap`, one value for every row.
-    FLOPs come from planner.core.flops once per recompute mode present."""
+@dataclass(frozen=True)
+class GroupTimes:
+    """The step-time work of one row per activity group (rows that differ only in the ZeRO /
+    offload / engine fields): everything `compute_terms` and the rates read, none of which
+    reads a state field. `step_columns` evaluates the state-dependent terms on top
+    (`row_columns`); `step_bounds` gives each group's least possible step time."""
+
+    rates: Rates
+    work: StageWork
+    terms: dict
+    """`compute_terms` of each group row."""
+    sizes: ByteSizes
+    model_flops: object
+    hardware_flops: object
+    tokens_per_step: int
+    train_tokens: float
+
+
+def group_times(model: ModelSpec, cluster: Cluster, setup: TrainSetup, cols: LayoutColumns,
+                layers, stage_params, *, flash_attention: bool = False,
+                buffers: EngineBuffers = DEFAULT_BUFFERS, efficiency: float | None = None,
+                stage_rows: np.ndarray | None = None,
+                megatron_overlap: tuple[str, ...] | None = None) -> GroupTimes:
+    """The `GroupTimes` of the rows `cols` (`step_columns` for the arguments). FLOPs come from
+    planner.core.flops once per recompute mode present."""
     r = cluster_rates(cluster, setup, efficiency)
-    all_cols, rows = cols, None if activity is None else activity[0]
-    if rows is not None:  # the work of one row per group (layers / stage params: its own)
-        cols = cols.take(rows)
-        layers, stage_params = (x if np.ndim(x) == 0 else np.asarray(x)[rows]
-                                for x in (layers, stage_params))
-        stage_rows = None if stage_rows is None else np.asarray(stage_rows)[rows]
     rec = cols["recompute"]
-    codes = np.flatnonzero(np.bincount(all_cols["recompute"], minlength=len(RECOMPUTE_MODES)))
+    codes = np.flatnonzero(np.bincount(rec, minlength=len(RECOMPUTE_MODES)))
     table = {int(k): flops_mod.step_flops(model, setup, Layout(
         recompute=RECOMPUTE_MODES[int(k)], flash_attention=flash_attention))
         for k in {*codes.tolist(), NONE, FULL} - {BLOCK}}  # block: from none and full
@@ -899,13 +903,73 @@ def step_columns(model: ModelSpec, cluster: Cluster, setup: TrainSetup, cols: La
     sizes = ByteSizes(grad_bytes=prec.grad_bytes, param_bytes=prec.param_bytes,
                       optimizer_bytes=optimizer_bytes_per_param(prec, setup.optimizer),
                       buffers=buffers, megatron_overlap=megatron_overlap)
-    terms = step_terms(r, all_cols, work, sizes, activity)
-    rates = rate_terms(r, terms["step_s"], setup.global_batch * setup.seq_len,
-                       gather(per_mode("model_flops", rec, share), activity),
-                       gather(per_mode("hardware_flops", rec, share), activity),
-                       setup.train_tokens)
-    out = {**terms, **rates, "efficiency": gather(work.efficiency, activity)}
-    return {k: _float_column(v, (len(all_cols),)) for k, v in out.items()}
+    return GroupTimes(rates=r, work=work, terms=compute_terms(r, cols, work), sizes=sizes,
+                      model_flops=per_mode("model_flops", rec, share),
+                      hardware_flops=per_mode("hardware_flops", rec, share),
+                      tokens_per_step=setup.global_batch * setup.seq_len,
+                      train_tokens=setup.train_tokens)
+
+
+def row_columns(g: GroupTimes, cols: LayoutColumns,
+                activity: tuple[np.ndarray, np.ndarray] | None = None,
+                group: np.ndarray | None = None) -> dict[str, np.ndarray]:
+    """Every step term and rate of each row of `cols`, float64 columns, from the `GroupTimes`
+    of their groups. `activity`, `group`: as in `step_terms` (None: `g` is of `cols`' rows)."""
+    terms = step_terms(g.rates, cols, g.work, g.sizes, g.terms, activity, group)
+    at = None if activity is None else (None, activity[1] if group is None else group)
+    rates = rate_terms(g.rates, terms["step_s"], g.tokens_per_step, gather(g.model_flops, at),
+                       gather(g.hardware_flops, at), g.train_tokens)
+    out = {**terms, **rates, "efficiency": gather(g.work.efficiency, at)}
+    return {k: _float_column(v, (len(cols),)) for k, v in out.items()}
+
+
+STATE_TERMS = ("dp_comm_s", "dp_comm_exposed_s", "offload_s", "cpu_optimizer_s",
+               "gpu_optimizer_s", "host_overhead_s")
+"""The terms `state_terms` gives: the ones that read the ZeRO / offload / engine fields."""
+BOUND_MARGIN = 1e-6
+"""Relative margin of `step_bounds` below the exact sum: the state terms are >= 0 by their
+formulas, but ZeRO-3's and FSDP2's exposed part (step - compute, planner.timing.sharded_dp)
+can round a few ulps below 0 where communication is negligible."""
+
+
+def step_bounds(g: GroupTimes) -> dict[str, np.ndarray]:
+    """For each group row of `g`: a step time no row of its group undercuts (the sum of the
+    exposed terms with every state term, each >= 0, taken as 0; less `BOUND_MARGIN`) and the
+    rates at that step time (`rate_terms`: each is monotonic in the step time, so it bounds
+    the rate of every row of the group the same way). Rounding keeps the order: the sum of
+    the same terms in the same order with some left out is never larger."""
+    step = _with_step(g.terms | dict.fromkeys(STATE_TERMS, 0.0))["step_s"] * (1 - BOUND_MARGIN)
+    return {"step_s": step} | rate_terms(g.rates, step, g.tokens_per_step, g.model_flops,
+                                         g.hardware_flops, g.train_tokens)
+
+
+def step_columns(model: ModelSpec, cluster: Cluster, setup: TrainSetup, cols: LayoutColumns,
+                 layers, stage_params, *, flash_attention: bool = False,
+                 buffers: EngineBuffers = DEFAULT_BUFFERS,
+                 efficiency: float | None = None,
+                 stage_rows: np.ndarray | None = None,
+                 activity: tuple[np.ndarray, np.ndarray] | None = None,
+                 megatron_overlap: tuple[str, ...] | None = None) -> dict[str, np.ndarray]:
+    """Every step term and rate of each layout row, float64 columns: `estimate_step` is its
+    length-1 evaluation, the sweep evaluates all candidates. `layers`, `stage_params`: the
+    largest stage's layers and per-GPU parameters of each row (`stage_layers_and_params`);
+    `stage_rows` optionally each row's index among the distinct (layers, stage_params) pairs
+    (the sweep's (tp, pp) table rows; found by `state_terms` when None).
+    `activity`: optionally (rows, inverse), one row of each group of rows that differ only in
+    the ZeRO / offload / engine fields and each row's group (`columns.activity_groups`): the
+    stage work and `compute_terms`, which read none of those fields, are evaluated on `rows`
+    only (`group_times`) and gathered back (`row_columns`); the same values as on every row.
+    `megatron_overlap`: `Layout.megatron_overlap`, one value for every row."""
+    one, rows = cols, None if activity is None else activity[0]
+    if rows is not None:  # the work of one row per group (layers / stage params: its own)
+        one = cols.take(rows)
+        layers, stage_params = (x if np.ndim(x) == 0 else np.asarray(x)[rows]
+                                for x in (layers, stage_params))
+        stage_rows = None if stage_rows is None else np.asarray(stage_rows)[rows]
+    g = group_times(model, cluster, setup, one, layers, stage_params,
+                    flash_attention=flash_attention, buffers=buffers, efficiency=efficiency,
+                    stage_rows=stage_rows, megatron_overlap=megatron_overlap)
+    return row_columns(g, cols, activity)
 
 
 def gather(value, activity: tuple[np.ndarray, np.ndarray] | None):
