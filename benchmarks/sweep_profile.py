@@ -5,7 +5,8 @@ Run from the checkout: `python benchmarks/sweep_profile.py [MODEL GPUS GLOBAL_BA
 
 cProfile inflates Python-heavy code several times over (every call pays the profiler), so this
 script times statements instead: each top-level statement of `sweep`, `enumerate_product`,
-`evaluate`, `model_state_columns`, `steptime.step_columns`, `step_terms` and `state_terms` gets a
+`memory_columns`, `model_state_columns`, `steptime.group_times`, `row_columns`, `step_terms` and
+`state_terms` gets a
 CPU-time mark (time.process_time) after it, by rewriting those functions' syntax trees in a
 copy of their module namespace. One clock runs through the whole call: a statement's figure is
 the CPU time since the previous mark, so it excludes the marked statements of the functions it
@@ -42,8 +43,8 @@ from planner.search import heap, sweep  # noqa: E402
 from planner.timing import steptime  # noqa: E402
 
 REPEATS = 30
-TIMED = {sweep: ("sweep", "enumerate_product", "evaluate", "model_state_columns"),
-         steptime: ("step_columns", "step_terms", "state_terms")}
+TIMED = {sweep: ("sweep", "enumerate_product", "memory_columns", "model_state_columns"),
+         steptime: ("group_times", "row_columns", "step_terms", "state_terms")}
 _spent: dict[str, float] = collections.defaultdict(float)
 _last = [0.0]
 

@@ -98,5 +98,11 @@ def test_the_answer_is_the_one_of_timing_every_candidate(case, monkeypatch):
             monkeypatch.setattr(steptime, "step_bounds", _loose)
         answers[label] = [sweep.sweep(model, cluster, setup, c, sort=sort, top=10, rejected=5)
                           .model_dump(exclude={"seconds"}) for sort in sweep.SORT_KEYS]
+    timed = {label: [a.pop("timed") for a in answers[label]] for label in answers}
     assert answers["bounded"] == answers["every candidate timed"]
     assert any(a["top"] for a in answers["bounded"])
+    for sort, bounded, loose, answer in zip(sweep.SORT_KEYS, timed["bounded"],
+                                            timed["every candidate timed"], answers["bounded"]):
+        assert 0 < bounded <= loose <= answer["evaluated"]
+        if sort != "memory-headroom":  # the step time's keys: the loose bound times them all
+            assert loose == answer["evaluated"]

@@ -26,6 +26,14 @@ Quantities that depend on a few dimensions are computed once per combination and
 (stage tables per (tp, pp); states, buffers and host bytes per (tp, pp, ZeRO/offload, m > 1)).
 Memory columns are float64 (exact below 2^53 bytes, never wrapped). What stays specific to the
 sweep is enumeration, ranking and rejection reasons.
+
+Ranking (`sweep`): every candidate's memory is evaluated (`memory_columns`: the fit verdicts and
+counts are exact); the step terms that read the ZeRO / offload / engine fields (data-parallel
+collectives, offload traffic, the optimizer step: `steptime.state_terms`, all >= 0) only where a
+candidate can rank: its activity group's other terms bound its step time and rates
+(`steptime.step_bounds`), and `StepTimes.rank` times the candidates whose bound reaches the
+ranked rows' (`SweepResult.timed` counts them). The answer is the one of timing every
+candidate (tests/test_sweep_bounds.py).
 """
 
 from __future__ import annotations
@@ -899,7 +907,13 @@ class SweepResult(Frozen):
     num_gpus: int
     sort: str
     evaluated: int
-    """Candidate layouts enumerated and evaluated."""
+    """Candidate layouts enumerated and evaluated: the memory of each, the step time of each
+    that can rank (below)."""
+    timed: int = 0
+    """Of the evaluated layouts, those whose data-parallel, offload and optimizer terms were
+    evaluated; each other's step time is bounded by its terms that read no ZeRO / offload /
+    engine field, and the bound already ranks it behind those shown (`StepTimes`): the same
+    answer as timing every layout."""
     fitting: int
     """Candidates that fit (with `Constraints.engine`: that fit and the engine runs)."""
     rejected_gpu: int
@@ -1252,6 +1266,7 @@ def sweep(model: ModelSpec, cluster: Cluster, setup: TrainSetup, constraints: Co
         top=[with_engines(_row(cands, cols, i, c, cluster, True, [variant_label(cands, j, i) for j in folded]),
                           model, setup) for i, folded in good],
         rejected=[_row(cands, cols, int(i), c, cluster, False) for i in bad],
+        timed=int(times.done.sum()),
         empty_reason="" if fits.any() else _why_nothing_fits(cols, ok, cluster, c.engine),
         best_without_cp=without_cp, seconds=time.perf_counter() - start,
     )
