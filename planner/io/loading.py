@@ -283,9 +283,9 @@ def _one_node_cluster(
 def _nodes_with_gpu(gpu: str, extra_dirs: Sequence[Path]) -> list[tuple[NodeSpec, Path]]:
     """Loadable nodes built from a GPU, DGX-class first, then by name."""
     found = []
-    for name in _named_files("nodes", extra_dirs):
+    for path in _named_files("nodes", extra_dirs).values():  # one listing of the folders
         try:
-            node, path = _load_node_with_path(name, extra_dirs)
+            node = _load_file(NodeSpec, path, "node")
         except PlanInputError:
             continue
         if node.gpu == gpu:
@@ -295,9 +295,9 @@ def _nodes_with_gpu(gpu: str, extra_dirs: Sequence[Path]) -> list[tuple[NodeSpec
 
 def _gpus_with_nodes(extra_dirs: Sequence[Path]) -> list[str]:
     gpus = set()
-    for name in _named_files("nodes", extra_dirs):
+    for path in _named_files("nodes", extra_dirs).values():
         try:
-            gpus.add(load_node(name, extra_dirs).gpu)
+            gpus.add(_load_file(NodeSpec, path, "node").gpu)
         except PlanInputError:
             continue
     return sorted(gpus)
