@@ -708,9 +708,9 @@ def step_terms(r: Rates, cols: LayoutColumns, work: StageWork, sizes: ByteSizes,
     of `cols`, one per group of rows that differ only in the ZeRO / offload / engine fields
     (`step_columns`): the compute terms are gathered to every row, `state_terms` run on every
     row (the ZeRO shard of each row from `zero_shard_params`). `group`: each row's row of
-    `work` when it is not `activity`'s inverse (`GroupTimes.rows_at`: `work` then holds groups
-    that `cols` may not all have)."""
-    at = None if activity is None else (None, activity[1] if group is None else group)
+    `work` when it is not `activity`'s inverse (`sweep.StepTimes.evaluate`: `work` then holds
+    every group of the sweep, `cols` some of their rows)."""
+    at = _rows_of_groups(activity, group)
     terms = {k: gather(v, at) for k, v in group_terms.items()}
     layers, stage_params, stage_rows = (gather(x, at)
                                         for x in (work.layers, work.stage_params, work.stage_rows))
@@ -719,6 +719,11 @@ def step_terms(r: Rates, cols: LayoutColumns, work: StageWork, sizes: ByteSizes,
     return _with_step(terms | state_terms(r, cols, layers, stage_params, shard, sizes,
                                           terms["fwd_mb_s"], terms["bwd_mb_s"], stage_rows,
                                           activity))
+
+
+def _rows_of_groups(activity, group) -> tuple | None:
+    """`gather`'s argument: each row's group row (`group`, else `activity`'s inverse)."""
+    return None if activity is None else (None, activity[1] if group is None else group)
 
 
 def _with_step(terms: dict) -> dict:
@@ -916,7 +921,7 @@ def row_columns(g: GroupTimes, cols: LayoutColumns,
     """Every step term and rate of each row of `cols`, float64 columns, from the `GroupTimes`
     of their groups. `activity`, `group`: as in `step_terms` (None: `g` is of `cols`' rows)."""
     terms = step_terms(g.rates, cols, g.work, g.sizes, g.terms, activity, group)
-    at = None if activity is None else (None, activity[1] if group is None else group)
+    at = _rows_of_groups(activity, group)
     rates = rate_terms(g.rates, terms["step_s"], g.tokens_per_step, gather(g.model_flops, at),
                        gather(g.hardware_flops, at), g.train_tokens)
     out = {**terms, **rates, "efficiency": gather(g.work.efficiency, at)}
