@@ -106,3 +106,19 @@ def test_the_answer_is_the_one_of_timing_every_candidate(case, monkeypatch):
         assert 0 < bounded <= loose <= answer["evaluated"]
         if sort != "memory-headroom":  # the step time's keys: the loose bound times them all
             assert loose == answer["evaluated"]
+
+
+@pytest.mark.parametrize("case", SPACES[:2], ids=IDS[:2])
+def test_chunked_evaluation_gives_the_same_answer(case, monkeypatch):
+    """Spaces larger than `sweep.CHUNK` are evaluated chunk by chunk (their activity groups and
+    bounds per chunk, `StepTimes` over all): the same answer as one chunk, and progress is
+    reported after each chunk."""
+    model, cluster, setup, c = _space(case)
+    whole = sweep.sweep(model, cluster, setup, c, top=10, rejected=5).model_dump(exclude={"seconds"})
+    monkeypatch.setattr(sweep, "CHUNK", 3000)
+    reports = []
+    chunked = sweep.sweep(model, cluster, setup, c, top=10, rejected=5,
+                          progress=lambda done, total: reports.append((done, total)))
+    assert len(reports) == -(-whole["evaluated"] // 3000) >= 3
+    assert reports[-1] == (whole["evaluated"], whole["evaluated"])
+    assert chunked.model_dump(exclude={"seconds"}) == whole
