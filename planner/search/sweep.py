@@ -970,12 +970,18 @@ class StepTimes:
     (`steptime.row_columns`) of the candidates with the best bounds (FIRST_TIMED), then of every
     candidate whose bound reaches the limit-th best of those exact keys: no other candidate can
     be among the first `limit`, so `rank_order` over those gives the order it gives over fully
-    evaluated columns (tests/test_sweep_bounds.py). Columns are filled where `done`."""
+    evaluated columns (tests/test_sweep_bounds.py). `cols` reads the step columns of the
+    candidates ranked so far (`kept`), stored compactly: each candidate's `slot` in the
+    evaluated batches (scattering ~20 full-length columns cost more than the ranking).
+    `timed`: the candidates whose state terms were evaluated; `kept`: those `cols` can read."""
 
     def __init__(self, cands: LayoutColumns):
         self.cands, self.parts = cands, []
-        self.cols: dict[str, np.ndarray] = {}
-        self.done = np.zeros(len(cands), dtype=bool)
+        self.slot = np.empty(len(cands), dtype=np.int64)
+        self.timed = np.zeros(len(cands), dtype=bool)
+        self.kept = np.zeros(len(cands), dtype=bool)
+        self._batches: list[dict[str, np.ndarray]] = []
+        self._joined: dict[str, np.ndarray] = {}
         self._bounds: dict[str, np.ndarray] = {}
 
     def add(self, start: int, grouped: GroupedTimes) -> None:
@@ -991,22 +997,48 @@ class StepTimes:
                  for _, grouped in self.parts])
         return self._bounds[name]
 
-    def evaluate(self, idx: np.ndarray) -> None:
-        """Fill the step columns of the candidates `idx`."""
-        todo = idx[~self.done[idx]]
+    def evaluate(self, idx: np.ndarray) -> dict[str, np.ndarray]:
+        """The step columns of the candidates `idx`, in that order."""
+        self.timed[idx] = True
+        pieces = []
         for start, (g, _, group) in self.parts:
-            at = todo[(todo >= start) & (todo < start + len(group))]
-            if not len(at):
-                continue
-            groups = group.take(at - start)
-            distinct, local = unique_ints(groups)
-            values = steptime.row_columns(g, self.cands.take(at),
-                                          (representatives(local, len(distinct)), local), groups)
+            at = None if len(self.parts) == 1 else np.flatnonzero(
+                (idx >= start) & (idx < start + len(group)))
+            rows = idx if at is None else idx[at]
+            if len(rows):
+                groups = group.take(rows - start)
+                distinct, local = unique_ints(groups)
+                pieces.append((at, steptime.row_columns(
+                    g, self.cands.take(rows), (representatives(local, len(distinct)), local),
+                    groups)))
+        if len(pieces) == 1 and pieces[0][0] is None:
+            return pieces[0][1]
+        out = {name: np.empty(len(idx)) for name in pieces[0][1]} if pieces else {}
+        for at, values in pieces:
             for name, column in values.items():
-                if name not in self.cols:
-                    self.cols[name] = np.empty(len(self.done))
-                self.cols[name][at] = column
-            self.done[at] = True
+                out[name][at] = column
+        return out
+
+    def _keep(self, idx: np.ndarray, values: dict[str, np.ndarray]) -> None:
+        """Make the step columns of the candidates `idx` readable through `cols`."""
+        self.slot[idx] = sum(len(b["step_s"]) for b in self._batches) + np.arange(len(idx))
+        self.kept[idx] = True
+        self._batches.append(values)
+        self._joined.clear()
+
+    def column(self, name: str) -> np.ndarray:
+        """Step column `name` of the evaluated batches, one after another (`slot` indexes it)."""
+        if len(self._batches) == 1:
+            return self._batches[0][name]
+        if name not in self._joined:
+            self._joined[name] = np.concatenate([b[name] for b in self._batches])
+        return self._joined[name]
+
+    @property
+    def cols(self) -> dict[str, "_TimedColumn"]:
+        """Each step column, indexable by the `kept` candidates (a candidate index or an array
+        of them)."""
+        return {name: _TimedColumn(self, name) for name in (self._batches[0] if self._batches else ())}
 
     def rank(self, cols: dict[str, np.ndarray],
              queries: list[tuple[np.ndarray, str, int]]) -> list[np.ndarray]:
@@ -1028,17 +1060,34 @@ class StepTimes:
                 bound = sign * self.bound(name)[idx]
                 first = min(len(idx), max(FIRST_TIMED, 8 * limit))
                 best = idx[np.argpartition(bound, first - 1)[:first]]
-                cuts.append((len(needs), idx, bound, best, sign * 1.0, name, limit))
+                cuts.append((len(needs), idx, bound, sign, name, limit))
                 needs.append(best)
-        self.evaluate(np.concatenate(needs))
-        for at, idx, bound, best, sign, name, limit in cuts:  # >= the limit-th best exact key
-            cut = np.partition(sign * self.cols[name][best], limit - 1)[limit - 1]
-            needs[at] = idx if np.isnan(cut) else idx[bound <= cut]
-        if cuts:
-            self.evaluate(np.concatenate(needs))
+        if cuts:  # their limit-th best exact key is >= the limit-th best of all
+            exact = self.evaluate(np.concatenate([needs[at] for at, *_ in cuts]))
+            start = 0
+            for at, idx, bound, sign, name, limit in cuts:
+                keys = sign * exact[name][start:start + len(needs[at])]
+                start += len(needs[at])
+                cut = np.partition(keys, limit - 1)[limit - 1]
+                needs[at] = idx if np.isnan(cut) else idx[bound <= cut]
+        every = np.concatenate(needs)
+        if len(every):
+            self._keep(every, self.evaluate(every))
         merged = cols | self.cols
         return [rank_order(merged, need, sort, limit) if len(need) else need
                 for need, (_, sort, limit) in zip(needs, queries)]
+
+
+class _TimedColumn:
+    """One step column of `StepTimes`, read at candidates it has evaluated."""
+
+    __slots__ = ("times", "name")
+
+    def __init__(self, times: StepTimes, name: str):
+        self.times, self.name = times, name
+
+    def __getitem__(self, idx):
+        return self.times.column(self.name)[self.times.slot[idx]]
 
 
 def check_sort(sort: str) -> str:
@@ -1266,7 +1315,7 @@ def sweep(model: ModelSpec, cluster: Cluster, setup: TrainSetup, constraints: Co
         top=[with_engines(_row(cands, cols, i, c, cluster, True, [variant_label(cands, j, i) for j in folded]),
                           model, setup) for i, folded in good],
         rejected=[_row(cands, cols, int(i), c, cluster, False) for i in bad],
-        timed=int(times.done.sum()),
+        timed=int(np.count_nonzero(times.timed)),
         empty_reason="" if fits.any() else _why_nothing_fits(cols, ok, cluster, c.engine),
         best_without_cp=without_cp, seconds=time.perf_counter() - start,
     )
