@@ -758,8 +758,8 @@ def evaluate(model: ModelSpec, cluster: Cluster, setup: TrainSetup, cands: dict[
     the enumeration does) and gathered back; states, transients and the data-parallel terms on
     every candidate."""
     c = c or Constraints()
-    out, times = memory_columns(model, cluster, setup, cands, c, efficiency, activity_key)
-    return out | steptime.row_columns(times.g, cands, (times.rows, times.group))
+    out, grouped = memory_columns(model, cluster, setup, cands, c, efficiency, activity_key)
+    return out | steptime.row_columns(grouped.g, cands, (grouped.rows, grouped.group))
 
 
 class GroupedTimes(NamedTuple):
