@@ -1050,23 +1050,22 @@ class StepTimes:
         needs, cuts = [], []
         for idx, sort, limit in queries:
             name, descending = _SORT_COLUMN[check_sort(sort)]
-            sign = -1.0 if descending else 1.0
             if limit >= len(idx) or limit == 0:
                 needs.append(idx[:limit])  # all of them, or none
             elif name not in steptime.StepEstimate.model_fields:  # a memory key: rank_order's
-                within = _within_limit(sign * cols[name][idx].astype(np.float64), limit)  # cut
+                within = _within_limit(_preference(cols[name][idx], descending), limit)  # cut
                 needs.append(idx if within is None else idx[within])
             else:  # the step time's (or a rate's): bounded
-                bound = sign * self.bound(name)[idx]
+                bound = _preference(self.bound(name)[idx], descending)
                 first = min(len(idx), max(FIRST_TIMED, 8 * limit))
                 best = idx[np.argpartition(bound, first - 1)[:first]]
-                cuts.append((len(needs), idx, bound, sign, name, limit))
+                cuts.append((len(needs), idx, bound, descending, name, limit))
                 needs.append(best)
         if cuts:  # their limit-th best exact key is >= the limit-th best of all
             exact = self.evaluate(np.concatenate([needs[at] for at, *_ in cuts]))
             start = 0
-            for at, idx, bound, sign, name, limit in cuts:
-                keys = sign * exact[name][start:start + len(needs[at])]
+            for at, idx, bound, descending, name, limit in cuts:
+                keys = _preference(exact[name][start:start + len(needs[at])], descending)
                 start += len(needs[at])
                 cut = np.partition(keys, limit - 1)[limit - 1]
                 needs[at] = idx if np.isnan(cut) else idx[bound <= cut]
@@ -1097,6 +1096,12 @@ def check_sort(sort: str) -> str:
     return sort
 
 
+def _preference(values, descending: bool) -> np.ndarray:
+    """Sort keys, smallest first preferred: the values as float64, negated when larger is better."""
+    key = np.asarray(values, dtype=np.float64)
+    return -key if descending else key
+
+
 def _within_limit(key: np.ndarray, limit: int | None) -> np.ndarray | None:
     """Mask of the keys at most the limit-th smallest: only those can be among the first
     `limit` (np.partition is linear). None: all can (no limit, too few keys, or a NaN
@@ -1115,8 +1120,7 @@ def rank_order(cols: dict[str, np.ndarray], idx: np.ndarray, sort: str,
     name, descending = _SORT_COLUMN[check_sort(sort)]
     if limit == 0:
         return idx[:0]
-    key = cols[name][idx].astype(np.float64)
-    key = -key if descending else key
+    key = _preference(cols[name][idx], descending)
     within = _within_limit(key, limit)  # sort those few instead of all
     if within is not None:
         idx, key = idx[within], key[within]
