@@ -1308,10 +1308,10 @@ def sweep(model: ModelSpec, cluster: Cluster, setup: TrainSetup, constraints: Co
     # every offload combination of a layout may be a near-identical variant (3 x 3 targets)
     ranked, bad = times.rank(cols, [(np.nonzero(fits & shown)[0], sort, top * 9),
                                     (np.nonzero(~fits & shown)[0], "step-time", rejected)])
-    good = collapse_variants(cands, cols | times.cols, ranked, top)
+    cols |= times.cols  # views of the step columns of the rows ranked (`StepTimes`), here on
+    good = collapse_variants(cands, cols, ranked, top)
     plain = times.rank(cols, [(np.nonzero(fits & shown & (cands["cp"] == 1))[0], sort, 1)])[0] \
         if good and int(cands["cp"][good[0][0]]) > 1 else []
-    cols |= times.cols  # the step columns, filled on the rows ranked above (`StepTimes`)
     without_cp = _row(cands, cols, int(plain[0]), c, cluster, True) if len(plain) else None
     return SweepResult.computed(
         **base, fitting=int(fits.sum()), rejected_gpu=int((~ok[0]).sum()),
