@@ -47,20 +47,28 @@ class LayoutColumns(Mapping[str, np.ndarray]):
     or `cp_comm_type` takes `cols.get("cp", 1)` / `cols.get("cp_comm_type", 0)` (no context
     parallelism) when the column is absent."""
 
-    __slots__ = ("_cols", "_n")
+    __slots__ = ("_cols", "_n", "_pending")
 
     def __init__(self, cols: Mapping[str, np.ndarray]) -> None:
         unknown = set(cols) - set(FIELDS)
         if unknown:
             raise KeyError(f"not a layout column: {', '.join(sorted(unknown))}")
-        self._cols = {k: np.asarray(v) for k, v in cols.items()}
+        self._cols: dict[str, np.ndarray | None] = {k: np.asarray(v) for k, v in cols.items()}
+        self._pending: dict[str, tuple[np.ndarray, np.ndarray]] = {}
         lengths = {len(v) for v in self._cols.values()}
         if len(lengths) > 1:
             raise ValueError(f"columns of different lengths {sorted(lengths)}")
         self._n = lengths.pop() if lengths else 0
 
     def __getitem__(self, name: str) -> np.ndarray:
-        return self._cols[name]
+        column = self._cols[name]
+        if column is None:  # gathered on first read (`take`)
+            source, rows = self._pending.pop(name)
+            column = self._cols[name] = source.take(rows)
+        return column
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._cols  # without gathering (Mapping's default reads the column)
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._cols)
@@ -70,26 +78,69 @@ class LayoutColumns(Mapping[str, np.ndarray]):
 
     def take(self, index) -> LayoutColumns:
         """The rows at `index` (an index array, a slice or a boolean mask). A mask becomes its
-        row indices once, and every column is gathered with `ndarray.take` (numpy's boolean and
-        fancy indexing cost 1.3-4x as much per column)."""
-        out = LayoutColumns.__new__(LayoutColumns)  # same names, same lengths: no re-check
+        row indices once. Under an index, a column is gathered (`ndarray.take`: numpy's boolean
+        and fancy indexing cost 1.3-4x as much per column) only when it is first read: a sweep
+        takes its candidates' rows several times and reads some columns at every row, others
+        at a few (`to_layout`'s rows); a column not gathered yet keeps its source and the
+        composed row index (one `take` for all the columns sharing an index)."""
         if isinstance(index, slice):
-            out._cols = {k: v[index] for k, v in self._cols.items()}
-        else:
-            index = np.asarray(index)
-            if index.dtype == bool and index.shape != (self._n,):
-                raise IndexError(f"a mask of shape {index.shape} for {self._n} rows")
-            rows = np.flatnonzero(index) if index.dtype == bool else index
-            out._cols = {k: v.take(rows) for k, v in self._cols.items()}
-        out._n = len(next(iter(out._cols.values()))) if out._cols else 0
+            out = LayoutColumns.__new__(LayoutColumns)  # same names: no re-check
+            out._cols = {k: None if v is None else v[index] for k, v in self._cols.items()}
+            out._pending = {k: (source, rows[index]) for k, (source, rows) in self._pending.items()}
+            out._n = len(range(self._n)[index])
+            return out
+        index = np.asarray(index)
+        if index.dtype == bool and index.shape != (self._n,):
+            raise IndexError(f"a mask of shape {index.shape} for {self._n} rows")
+        rows = np.flatnonzero(index) if index.dtype == bool else index
+        composed: dict[int, np.ndarray] = {}  # id of a pending row index -> it at `rows`
+        pending = {}
+        for name, column in self._cols.items():
+            if column is None:
+                source, at = self._pending[name]
+                if id(at) not in composed:
+                    composed[id(at)] = at.take(rows)
+                pending[name] = (source, composed[id(at)])
+            else:
+                pending[name] = (column, rows)
+        out = LayoutColumns.__new__(LayoutColumns)
+        out._cols, out._pending, out._n = dict.fromkeys(self._cols), pending, len(rows)
         return out
 
     def with_columns(self, **cols: np.ndarray) -> LayoutColumns:
-        return LayoutColumns({**self._cols, **cols})
+        """These columns added (or replaced); the others as they are (gathered or not)."""
+        out = LayoutColumns(cols)
+        if cols and len(out) != self._n:
+            raise ValueError(f"columns of different lengths {sorted({len(out), self._n})}")
+        out._cols = {**self._cols, **out._cols}  # a replaced column keeps its place
+        out._pending = {k: v for k, v in self._pending.items() if k not in cols}
+        out._n = self._n
+        return out
+
+    def with_gathered(self, rows: np.ndarray, **sources: np.ndarray) -> LayoutColumns:
+        """Columns `source.take(rows)` added, each gathered when first read (`take`)."""
+        if len(rows) != self._n:
+            raise ValueError(f"columns of different lengths {sorted({len(rows), self._n})}")
+        unknown = set(sources) - set(FIELDS)
+        if unknown:
+            raise KeyError(f"not a layout column: {', '.join(sorted(unknown))}")
+        out = LayoutColumns.__new__(LayoutColumns)
+        out._cols = {**self._cols, **dict.fromkeys(sources)}
+        out._pending = {**self._pending, **{k: (np.asarray(v), rows) for k, v in sources.items()}}
+        out._n = self._n
+        return out
+
+    def value(self, name: str, i: int):
+        """Column `name` at row i, without gathering the column."""
+        column = self._cols[name]
+        if column is None:
+            source, rows = self._pending[name]
+            return source[rows[i]]
+        return column[i]
 
     def row(self, i: int) -> dict[str, int]:
         """Row i as plain Python ints (codes for literal fields)."""
-        return {k: int(v[i]) for k, v in self._cols.items()}
+        return {k: int(self.value(k, i)) for k in self._cols}
 
     @classmethod
     def from_layouts(cls, layouts: Iterable[Layout]) -> LayoutColumns:
@@ -118,8 +169,8 @@ class LayoutColumns(Mapping[str, np.ndarray]):
         False: built without pydantic's checks (`Layout.trusted`), for rows the rule table has
         already passed that are only read, never shown (the sweep's engine mask)."""
         fields: dict[str, object] = {}
-        for name, col in self._cols.items():
-            value = col[i]
+        for name in self._cols:
+            value = self.value(name, i)
             if name in CODED:
                 fields[name] = CODED[name][int(value)]
             elif name == "sequence_parallel":

@@ -322,11 +322,11 @@ def enumerate_product(model: ModelSpec, cluster: Cluster, setup: TrainSetup, c: 
     shape = (len(pairs), len(states), len(recompute), len(seq_par))
     keep = np.broadcast_to(zero_ok[:, :, None, None] & sp_ok[:, None, None, :], shape)
     pair, state, r, s = np.nonzero(keep)  # in C order: the enumeration order
-    cols = pairs.take(pair).with_columns(
-        zero_stage=states[state, 0], offload_optimizer=states[state, 1],
-        offload_params=states[state, 2], dp_engine=states[state, 3], recompute=recompute[r],
-        sequence_parallel=seq_par[s],
-        recompute_every_k=np.ones(len(pair), dtype=np.int64))
+    cols = (pairs.take(pair)  # each column gathered from its factor when first read
+            .with_gathered(state, zero_stage=states[:, 0], offload_optimizer=states[:, 1],
+                           offload_params=states[:, 2], dp_engine=states[:, 3])
+            .with_gathered(r, recompute=recompute).with_gathered(s, sequence_parallel=seq_par)
+            .with_columns(recompute_every_k=np.ones(len(pair), dtype=np.int64)))
     key = (pair * len(recompute) + r) * len(seq_par) + s
     if c.recompute and "block" in c.recompute and c.recompute_num_layers == AUTO_DEPTH:
         cols, key = block_depths(model, cols, key, "full" in recompute_names(recompute))
@@ -340,7 +340,8 @@ def enumerate_product(model: ModelSpec, cluster: Cluster, setup: TrainSetup, c: 
     if shard is not None:  # the HSDP shard group: a column, masked by its rule (on the columns
         src, values = shard  # the rule reads; then every column is gathered once)
         rule = rules.named(rules.DP_SHARD_RULE)
-        read = LayoutColumns({name: cols[name].take(src) for name in rule[0].reads
+        expanded = cols.take(src)
+        read = LayoutColumns({name: expanded[name] for name in rule[0].reads
                               if name != "dp_shard"} | {"dp_shard": values})
         hsdp_ok, hsdp_rejected = rules.mask(ctx, read, rule)
         rejected |= hsdp_rejected
@@ -1138,7 +1139,7 @@ group (`dp_shard_options` puts up to log2(nodes) shard groups of one FSDP2 layou
 ranking; those within SAME_STEP_REL of the fastest are one answer, listed as variants)."""
 
 
-def collapse_variants(cands, cols: dict[str, np.ndarray], order: np.ndarray, top: int
+def collapse_variants(cands: LayoutColumns, cols: dict[str, np.ndarray], order: np.ndarray, top: int
                       ) -> list[tuple[int, list[int]]]:
     """Walk the ranked `order` and fold each layout into the first earlier kept one that differs
     only in the offload placement or the HSDP shard group (`_VARIANT_FIELDS`; FSDP2, the only
@@ -1146,7 +1147,8 @@ def collapse_variants(cands, cols: dict[str, np.ndarray], order: np.ndarray, top
     is within SAME_STEP_REL of it (both fit:
     the caller passes fitting rows only). Returns up to `top` (kept row, folded rows)."""
     names = [name for name in cands if name not in _VARIANT_FIELDS]
-    rows = np.stack([cands[name][order] for name in names], axis=1).astype(np.int64).tolist() \
+    ranked = cands.take(order)  # the ranked rows' columns only
+    rows = np.stack([ranked[name] for name in names], axis=1).astype(np.int64).tolist() \
         if len(order) else []
     kept: list[tuple[int, list[int]]] = []
     by_key: dict[tuple, list[int]] = {}  # kept rows (indices into `kept`) of each key
