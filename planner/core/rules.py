@@ -436,9 +436,20 @@ def check_setup(model: ModelSpec, setup: TrainSetup) -> None:
             f"implementation=megatron (got {setup.implementation})")
 
 
-def applicable(cols: LayoutColumns, rules: tuple[Rule, ...] = RULES) -> list[Rule]:
+def applicable(cols: LayoutColumns, rules: tuple[Rule, ...] = RULES) -> tuple[Rule, ...]:
     """The rules whose fields are all columns of `cols`."""
-    return [rule for rule in rules if all(name in cols for name in rule.reads)]
+    if rules is RULES:  # remembered by the column names: a search masks a few shapes many times
+        return _applicable_rules(frozenset(cols))
+    return _reading(cols, rules)
+
+
+@functools.lru_cache(maxsize=256)
+def _applicable_rules(names: frozenset[str]) -> tuple[Rule, ...]:
+    return _reading(names, RULES)
+
+
+def _reading(names, rules: tuple[Rule, ...]) -> tuple[Rule, ...]:
+    return tuple(rule for rule in rules if all(name in names for name in rule.reads))
 
 
 def mask(ctx: Context, cols: LayoutColumns,

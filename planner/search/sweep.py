@@ -337,14 +337,17 @@ def enumerate_product(model: ModelSpec, cluster: Cluster, setup: TrainSetup, c: 
         rejected |= block_rejected
         cols, key = cols.take(block_ok), key[block_ok]
     shard = dp_shard_rows(cluster, cols, c)
-    if shard is not None:  # the HSDP shard group: a column, masked by its rule (on the columns
-        src, values = shard  # the rule reads; then every column is gathered once)
+    if shard is not None:  # the HSDP shard group: a column, masked by its rule on the rows with
+        src, values = shard  # a shard group (0, the whole dp group, passes it by definition)
         rule = rules.named(rules.DP_SHARD_RULE)
-        expanded = cols.take(src)
+        hybrid = np.flatnonzero(values)
+        expanded = cols.take(src.take(hybrid))
         read = LayoutColumns({name: expanded[name] for name in rule[0].reads
-                              if name != "dp_shard"} | {"dp_shard": values})
-        hsdp_ok, hsdp_rejected = rules.mask(ctx, read, rule)
+                              if name != "dp_shard"} | {"dp_shard": values.take(hybrid)})
+        hybrid_ok, hsdp_rejected = rules.mask(ctx, read, rule)
         rejected |= hsdp_rejected
+        hsdp_ok = np.ones(len(src), dtype=bool)
+        hsdp_ok[hybrid[~hybrid_ok]] = False
         src = src[hsdp_ok]
         cols, key = cols.take(src).with_columns(dp_shard=values[hsdp_ok]), key[src]
     return cols, rejected, key
