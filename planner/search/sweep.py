@@ -515,13 +515,19 @@ def middle_kinds(stages: list, moe_blocks: list[int]) -> tuple:
     return stages[1], stages[1 + middle.index(max(middle))]
 
 
-@functools.lru_cache(maxsize=4096)
 def node_stage_counts(tp: int, dp: int, pp: int, gpus_per_node: int,
                       num_nodes: int) -> list[tuple[int, int, int]]:
     """Distinct (ranks in the first stage, in middle stages, in the last stage) per node:
     `plan.node_stage_ranks` with the stages folded into the three kinds (pp divides the layers in
-    the search, so every middle stage holds the same bytes)."""
-    per_stage, rows = tp * dp, set()
+    the search, so every middle stage holds the same bytes). They depend on tp and dp only
+    through the ranks of a stage, tp·dp (the tp degrees of one pp share them)."""
+    return _stage_kind_counts(tp * dp, pp, gpus_per_node, num_nodes)
+
+
+@functools.lru_cache(maxsize=4096)
+def _stage_kind_counts(per_stage: int, pp: int, gpus_per_node: int,
+                       num_nodes: int) -> list[tuple[int, int, int]]:
+    rows = set()
     edges = (0, per_stage, (pp - 1) * per_stage, num_nodes * gpus_per_node)
     for node in plan.node_stage_ranks(per_stage, pp, gpus_per_node, num_nodes, edges):
         first = node.get(0, 0)
