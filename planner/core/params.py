@@ -243,8 +243,15 @@ def layers_per_stage(num_layers: int, pp: int, first: int | None = None,
     commit d98e8a64; the divisibility rules are planner.core.rules'). Otherwise as even as
     possible; the extra ones go to the LAST stages (stage 1 already keeps the most micro-batches
     in flight under 1F1B, seed 004 §3.5.2)."""
+    return list(_layers_per_stage(num_layers, pp, first or None, last or None))
+
+
+@functools.lru_cache(maxsize=4096)
+def _layers_per_stage(num_layers: int, pp: int, first: int | None, last: int | None
+                      ) -> tuple[int, ...]:
+    """`layers_per_stage`, remembered (a sweep's tables ask for each (pp, split) several times)."""
     if first or last:  # 0 = not given (layout columns store None as 0)
-        return uneven_layers_per_stage(num_layers, pp, first or None, last or None)
+        return tuple(uneven_layers_per_stage(num_layers, pp, first, last))
     if pp < 1:
         raise PlanInputError("pp", f"pipeline degree must be at least 1 (got {pp})")
     if pp > num_layers:
@@ -252,7 +259,7 @@ def layers_per_stage(num_layers: int, pp: int, first: int | None = None,
             "pp", f"pipeline degree pp={pp} exceeds num_layers={num_layers}; each stage needs a layer"
         )
     base, extra = divmod(num_layers, pp)
-    return [base + (1 if stage >= pp - extra else 0) for stage in range(pp)]
+    return tuple(base + (1 if stage >= pp - extra else 0) for stage in range(pp))
 
 
 def uneven_layers_per_stage(num_layers: int, pp: int, first: int | None,
@@ -403,7 +410,19 @@ def _mlp_tensors(model: ModelSpec, ffn: int, tp: int, prefix: str) -> list[tuple
 
 def layer_params_per_rank(model: ModelSpec, tp: int, moe: bool | None = None) -> int:
     """One block's parameters on one tp rank (`moe` as in layer_tensors_per_rank)."""
-    return sum(n for _, n in layer_tensors_per_rank(model, tp, moe))
+    return _layer_numel(model, tp, model.is_moe if moe is None else moe)
+
+
+@functools.lru_cache(maxsize=1024)
+def _layer_numel(model: ModelSpec, tp: int, moe: bool) -> int:
+    """`layer_params_per_rank`, remembered as `_layer_tensors` is (the sweep's stage tables)."""
+    return sum(n for _, n in _layer_tensors(model, tp, moe))
+
+
+@functools.lru_cache(maxsize=1024)
+def largest_layer_tensor(model: ModelSpec, tp: int) -> int:
+    """Elements of the largest tensor of a block on one tp rank, over the model's block kinds."""
+    return max(n for moe in block_kinds(model) for _, n in _layer_tensors(model, tp, moe))
 
 
 def vocab_rows_per_rank(model: ModelSpec, tp: int) -> int:
@@ -485,8 +504,7 @@ def stage_params(model: ModelSpec, tp: int, pp: int,
 def largest_param_numel(model: ModelSpec, tp: int, stage: int, pp: int) -> int:
     """Elements of the largest single tensor one tp rank holds on a stage (Megatron layout),
     the size of a whole-parameter gather or staging buffer."""
-    candidates = [n for moe in block_kinds(model)
-                  for _, n in layer_tensors_per_rank(model, tp, moe)]
+    candidates = [largest_layer_tensor(model, tp)]
     vocab_matrix = vocab_rows_per_rank(model, tp) * model.hidden_size
     if stage == 0:
         candidates.append(vocab_matrix)

@@ -21,6 +21,8 @@ through pinned CPU buffers (`offload_optimizer.buffer_count` = 4 of the largest 
 
 from __future__ import annotations
 
+import functools
+
 from fractions import Fraction
 from typing import NamedTuple
 
@@ -277,13 +279,20 @@ def stage_persistent_numel(model: ModelSpec, tp: int, stage: int, num_layers: in
                            threshold: int = DEFAULT_BUFFERS.param_persistence_threshold) -> int:
     """`zero3_persistent_numel` of stage `stage` (0-based) holding `num_layers` blocks, from
     plain ints (the sweep's stage tables build no typed record)."""
-    small = sum(n for _, n in layer_tensors_per_rank(model, tp) if n <= threshold)
+    small = small_layer_numel(model, tp, threshold)
     norm = norm_params(model) if model.hidden_size <= threshold else 0  # weight (+ bias) of h each
     extra = norm if stage == 0 and model.embedding_norm else 0
     last = stage == pp - 1
     extra += norm if last and model.final_norm else 0
     extra += model.hidden_size if last and model.pooler and model.hidden_size <= threshold else 0
     return num_layers * small + extra
+
+
+@functools.lru_cache(maxsize=1024)
+def small_layer_numel(model: ModelSpec, tp: int, threshold: int) -> int:
+    """Elements of a block's tensors of at most `threshold` elements on one tp rank (the block
+    `layer_tensors_per_rank` gives: the MoE one for an MoE model)."""
+    return sum(n for _, n in layer_tensors_per_rank(model, tp) if n <= threshold)
 
 
 def buffer_parts(stage_numel, largest_numel, persistent_numel, cols: LayoutColumns,
