@@ -329,14 +329,17 @@ def enumerate_product(model: ModelSpec, cluster: Cluster, setup: TrainSetup, c: 
             .with_columns(recompute_every_k=np.ones(len(pair), dtype=np.int64)))
     key = (pair * len(recompute) + r) * len(seq_par) + s
     if c.recompute and "block" in c.recompute and c.recompute_num_layers == AUTO_DEPTH:
-        cols, key = block_depths(model, cols, key, "full" in recompute_names(recompute))
+        src, depth = block_depths(model, cols, "full" in recompute_names(recompute))
+        cols = cols.take(src).with_columns(recompute_num_layers=depth)
+        key = key[src] * (model.num_layers + 1) + depth  # the activations read n
+        pair, state = pair[src], state[src]
     elif c.recompute and "block" in c.recompute:  # the pinned n (a column only then), its rule
         cols = cols.with_columns(recompute_num_layers=np.where(
             recompute[r] == RECOMPUTE_MODES.index("block"), c.recompute_num_layers or 0, 0))
         block_ok, block_rejected = rules.mask(ctx, cols, rules.named(rules.BLOCK_RULE))
         rejected |= block_rejected
-        cols, key = cols.take(block_ok), key[block_ok]
-    shard = dp_shard_rows(cluster, cols, c)
+        cols, key, pair, state = cols.take(block_ok), key[block_ok], pair[block_ok], state[block_ok]
+    shard = dp_shard_rows(cluster, pairs, states, pair, state, c)
     if shard is not None:  # the HSDP shard group: a column, masked by its rule on the rows with
         src, values = shard  # a shard group (0, the whole dp group, passes it by definition)
         rule = rules.named(rules.DP_SHARD_RULE)
@@ -358,21 +361,19 @@ def recompute_names(codes: np.ndarray) -> tuple[str, ...]:
     return tuple(RECOMPUTE_MODES[int(code)] for code in codes)
 
 
-def block_depths(model: ModelSpec, cols: LayoutColumns, key: np.ndarray, full_searched: bool
-                 ) -> tuple[LayoutColumns, np.ndarray]:
+def block_depths(model: ModelSpec, cols: LayoutColumns, full_searched: bool
+                 ) -> tuple[np.ndarray, np.ndarray]:
     """`--recompute-num-layers auto`: each block candidate once per depth n = 1 .. the blocks of
     its largest model chunk (`rules.largest_chunk_layers`, so the block rule holds by
     construction), less that last depth when `full` is searched too (n = the whole chunk
     recomputes every block: the full row); a chunk of one block has no depth left. Other
-    candidates keep n = 0. The activity key grows by n: the activations read it."""
+    candidates keep n = 0. Returns (source row, n) of each expanded candidate."""
     is_block = cols["recompute"] == RECOMPUTE_MODES.index("block")
     largest = rules.largest_chunk_layers(model.num_layers, cols) - int(full_searched)
     count = np.where(is_block, np.maximum(largest, 0), 1)
     src = np.repeat(np.arange(len(cols)), count)
     depth = np.arange(len(src)) - np.repeat(np.cumsum(count) - count, count) + 1
-    depth = np.where(is_block[src], depth, 0)
-    return (cols.take(src).with_columns(recompute_num_layers=depth),
-            key[src] * (model.num_layers + 1) + depth)
+    return src, np.where(is_block[src], depth, 0)
 
 
 def least_fitting_depths(cands: LayoutColumns, fits: np.ndarray) -> np.ndarray:
@@ -416,38 +417,35 @@ def dp_shard_options(dp: int, dp_per_node: int) -> list[int]:
     return [dp_per_node * k for k in _divisors(nodes) if k < nodes and dp_per_node * k > 1]
 
 
-def dp_shard_rows(cluster: Cluster, cols: LayoutColumns, c: Constraints
-                  ) -> tuple[np.ndarray, np.ndarray] | None:
+def dp_shard_rows(cluster: Cluster, pairs: LayoutColumns, states: np.ndarray, pair: np.ndarray,
+                  state: np.ndarray, c: Constraints) -> tuple[np.ndarray, np.ndarray] | None:
     """(source row, dp_shard) of each candidate after the HSDP dimension, or None for no
-    dp_shard column. Pinned values: every row once per value. `none` ((0,)): None. `auto`
-    (None): every row once with 0 (its whole dp group) and every FSDP2 ZeRO-2/3 row (the
-    engines that have HSDP, `rules.DP_SHARD_RULE`) once more per shard group of
-    `dp_shard_options`, right after it; None when no row has one (a dp group within a node,
-    DeepSpeed-only searches)."""
-    n = len(cols)
+    dp_shard column. `pair`, `state`: each candidate's row of the enumeration's factors `pairs`
+    (tp, cp, dp: the shard groups) and `states` (ZeRO stage, engine: whether it has HSDP).
+    Pinned values: every row once per value. `none` ((0,)): None. `auto` (None): every row
+    once with 0 (its whole dp group) and every FSDP2 ZeRO-2/3 row (the engines that have HSDP,
+    `rules.DP_SHARD_RULE`) once more per shard group of `dp_shard_options`, right after it;
+    None when no row has one (a dp group within a node, DeepSpeed-only searches)."""
+    n = len(pair)
     if c.dp_shard is not None:
         pins = _ints(sorted(set(c.dp_shard)))
         return None if not pins.any() else (np.repeat(np.arange(n, dtype=np.int64), len(pins)),
                                             np.tile(pins, n))
-    hybrid = np.flatnonzero((cols["dp_engine"] == DP_ENGINES.index("fsdp2"))
-                            & (cols["zero_stage"] >= 2))
-    per_node = np.maximum(cluster.node.gpus_per_node
-                          // (cols["tp"][hybrid] * cols.get("cp", np.ones(n, np.int64))[hybrid]), 1)
-    keys, inv = group_rows(cols["dp"][hybrid], per_node)
+    hybrid = (states[:, 3] == DP_ENGINES.index("fsdp2")) & (states[:, 0] >= 2)  # of each state
+    per_node = np.maximum(cluster.node.gpus_per_node // (pairs["tp"] * pairs["cp"]), 1)
+    keys, inv = group_rows(pairs["dp"], per_node)  # of each pair
     table = [dp_shard_options(dp, node) for dp, node in keys.tolist()]
     width = max(map(len, table), default=0)
-    if width == 0:
-        return None
     options = np.zeros((len(table), width + 1), dtype=np.int64)  # column 0: the whole group
     for g, values in enumerate(table):
         options[g, 1:1 + len(values)] = values
-    group = np.zeros(n, dtype=np.int64)  # a row that is not hybrid reads column 0 only (nth 0)
-    group[hybrid] = inv
-    count = np.ones(n, dtype=np.int64)
-    count[hybrid] = 1 + np.array([len(t) for t in table], dtype=np.int64)[inv]
+    extra = np.array([len(t) for t in table], dtype=np.int64).take(inv)  # shard groups of a pair
+    count = 1 + extra.take(pair) * hybrid.take(state)
+    if width == 0 or not (count > 1).any():
+        return None
     src = np.repeat(np.arange(n, dtype=np.int64), count)
     nth = np.arange(len(src), dtype=np.int64) - np.repeat(np.cumsum(count) - count, count)
-    return src, options.ravel().take(group.take(src) * (width + 1) + nth)
+    return src, options.ravel().take(inv.take(pair.take(src)) * (width + 1) + nth)
 
 
 def enumerate_candidates(model: ModelSpec, cluster: Cluster, setup: TrainSetup,
