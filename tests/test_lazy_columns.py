@@ -87,3 +87,19 @@ def test_model_hash_is_pydantics_field_tuple_and_follows_copies():
     assert hash(changed) != hash(model)
     same = type(model).model_validate(model.model_dump())
     assert same == model and hash(same) == hash(model)
+
+
+def test_codes_of_factor_columns_equal_the_codes_of_their_rows():
+    """`codes` on columns gathered through one factor index (computed on the factor table)
+    and on gathered columns (computed on the rows) against the arithmetic by hand."""
+    states = np.array([[0, 0, 0, 0], [1, 1, 0, 0], [3, 2, 1, 0], [2, 0, 0, 1]])
+    base = LayoutColumns({"tp": np.arange(1, 6)})
+    pair, state = (a.ravel() for a in np.indices((5, 4)))
+    names = ("zero_stage", "offload_optimizer", "offload_params", "dp_engine")
+    product = base.take(pair).with_gathered(state, **{n: states[:, k] for k, n in enumerate(names)})
+    lazy = product.take(np.array([19, 2, 2, 7])).take(slice(1, None))
+    rows = states[state[[2, 2, 7]]]
+    by_hand = ((rows[:, 0] * 3 + rows[:, 1]) * 3 + rows[:, 2]) * 2 + rows[:, 3]  # radix 4, 3, 3, 2
+    assert np.array_equal(lazy.codes(names, (4, 3, 3, 2)), by_hand)
+    gathered = LayoutColumns({n: lazy[n] for n in names})  # every column already gathered
+    assert np.array_equal(gathered.codes(names, (4, 3, 3, 2)), by_hand)

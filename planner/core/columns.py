@@ -86,7 +86,12 @@ class LayoutColumns(Mapping[str, np.ndarray]):
         if isinstance(index, slice):
             out = LayoutColumns.__new__(LayoutColumns)  # same names: no re-check
             out._cols = {k: None if v is None else v[index] for k, v in self._cols.items()}
-            out._pending = {k: (source, rows[index]) for k, (source, rows) in self._pending.items()}
+            sliced: dict[int, np.ndarray] = {}  # one view per shared row index
+            out._pending = {}
+            for name, (source, rows) in self._pending.items():
+                if id(rows) not in sliced:
+                    sliced[id(rows)] = rows[index]
+                out._pending[name] = (source, sliced[id(rows)])
             out._n = len(range(self._n)[index])
             return out
         index = np.asarray(index)
@@ -129,6 +134,16 @@ class LayoutColumns(Mapping[str, np.ndarray]):
         out._pending = {**self._pending, **{k: (np.asarray(v), rows) for k, v in sources.items()}}
         out._n = self._n
         return out
+
+    def codes(self, names: Sequence[str], radix: Sequence[int]) -> np.ndarray:
+        """Each row's mixed-radix code of the integer columns `names` (column k's values below
+        radix[k]; the first column most significant). When the columns are all still to be
+        gathered through one row index (an enumeration's factor table, `with_gathered`), the
+        codes are computed on the table's rows and gathered once."""
+        pending = [self._pending.get(name) if self._cols[name] is None else None for name in names]
+        if all(pending) and all(p[1] is pending[0][1] for p in pending):
+            return mixed_radix([p[0] for p in pending], radix).take(pending[0][1])
+        return mixed_radix([self[name] for name in names], radix)
 
     def value(self, name: str, i: int):
         """Column `name` at row i, without gathering the column."""
@@ -187,6 +202,14 @@ class LayoutColumns(Mapping[str, np.ndarray]):
 
 
 # --------------------------------------------------------------------------- grouping
+
+
+def mixed_radix(columns: Sequence[np.ndarray], radix: Sequence[int]) -> np.ndarray:
+    """sum of columns[k] x the product of the radices after k (`LayoutColumns.codes`)."""
+    code = np.asarray(columns[0], dtype=np.int64)
+    for column, base in zip(columns[1:], radix[1:]):
+        code = code * base + column
+    return code
 
 
 def unique_ints(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -712,18 +712,19 @@ def model_state_columns(cluster: Cluster, setup: TrainSetup, cands: LayoutColumn
     hundred combinations for tens of thousands of candidates. Each combination is evaluated
     once, at one of its candidates (the caller gathers the values back). `activity`: the
     candidates' activity groups (`evaluate`), within which (tp, pp) and m are the same."""
-    state = [cands[k] for k in ("zero_stage", "offload_optimizer", "offload_params", "dp_engine")]
+    names = ("zero_stage", "offload_optimizer", "offload_params", "dp_engine")
     # the ranks the states are sharded over (dp x cp, or dp_shard x cp under HSDP: cp varies
     # within a (tp, pp) row), by rank; without a dp_shard column it is GPUs / (tp·pp)
     shard = [unique_ints(model_states.shard_ranks(cands))[1]] if "dp_shard" in cands else []
     if activity is None:
-        keys, inv = _group(tp_pp_inv, *state, *shard, cands["grad_accum"] > 1)
+        keys, inv = _group(tp_pp_inv, *(cands[k] for k in names), *shard, cands["grad_accum"] > 1)
     else:  # one integer key: ((tp, pp) row, m > 1) of the group, then the state codes
         one = activity[0]
-        key = (tp_pp_inv[one] * 2 + (cands["grad_accum"][one] > 1)).take(activity[1])
         widths = (4, len(OFFLOAD_TARGETS), len(OFFLOAD_TARGETS), len(DP_ENGINES))
-        for code, width in zip(state + shard, widths + tuple(int(s.max()) + 1 for s in shard)):
-            key = key * width + code
+        key = ((tp_pp_inv[one] * 2 + (cands["grad_accum"][one] > 1)).take(activity[1])
+               * math.prod(widths) + cands.codes(names, widths))
+        for code in shard:
+            key = key * (int(code.max()) + 1) + code
         keys, inv = unique_ints(key)
     rep = _representatives(inv, len(keys))
     row = tp_pp_inv[rep]  # the (tp, pp) row of each combination
