@@ -103,3 +103,13 @@ def test_codes_of_factor_columns_equal_the_codes_of_their_rows():
     assert np.array_equal(lazy.codes(names, (4, 3, 3, 2)), by_hand)
     gathered = LayoutColumns({n: lazy[n] for n in names})  # every column already gathered
     assert np.array_equal(gathered.codes(names, (4, 3, 3, 2)), by_hand)
+
+
+def test_a_freed_models_hash_is_forgotten():
+    from planner.core import spec
+
+    model = loading.load_model("gpt2").model_copy(update={"num_layers": 7})
+    key, value = id(model), hash(model)
+    assert spec._MODEL_HASHES[key][0] == value
+    del model
+    assert key not in spec._MODEL_HASHES

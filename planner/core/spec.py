@@ -122,8 +122,10 @@ def _leaf_types(annotation: object) -> set[object]:
 # --------------------------------------------------------------------------- model
 
 
-_MODEL_HASHES: dict[int, int] = {}
-"""`ModelSpec.__hash__` of each live instance, by id."""
+_MODEL_HASHES: dict[int, tuple[int, weakref.ref]] = {}
+"""`ModelSpec.__hash__` of each live instance by id, with the weak reference whose callback
+forgets it when the instance is freed (a plain weakref: `weakref.finalize` would register an
+exit handler, and `planner.cli.app.console` ends numpy-only commands with `os._exit`)."""
 
 
 class ModelSpec(Frozen):
@@ -249,10 +251,11 @@ class ModelSpec(Frozen):
         per-key caches (`functools.lru_cache`) 200-400 times. The same value as pydantic's (the
         fields' tuple), so equal models hash equal; forgotten when the instance is freed."""
         key = id(self)
-        value = _MODEL_HASHES.get(key)
-        if value is None:
-            value = _MODEL_HASHES[key] = hash(tuple(self.__dict__[name] for name in type(self).model_fields))
-            weakref.finalize(self, _MODEL_HASHES.pop, key, None)
+        known = _MODEL_HASHES.get(key)
+        if known is not None:
+            return known[0]
+        value = hash(tuple(self.__dict__[name] for name in type(self).model_fields))
+        _MODEL_HASHES[key] = (value, weakref.ref(self, lambda _, key=key: _MODEL_HASHES.pop(key, None)))
         return value
 
     @property
