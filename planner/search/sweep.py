@@ -41,7 +41,7 @@ from __future__ import annotations
 import functools
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from typing import Annotated, Literal, NamedTuple
 
 import numpy as np
@@ -1175,42 +1175,56 @@ def collapse_variants(cands: LayoutColumns, cols: dict[str, np.ndarray], order: 
     return kept
 
 
-def overflow_reason(cols: dict[str, np.ndarray], i: int, cluster: Cluster) -> str:
-    """Every resource candidate i overflows, in the words of `plan._overflows`."""
+def overflow_reason(row: Mapping[str, int], cluster: Cluster) -> str:
+    """Every resource a candidate overflows (`row`: its memory columns, `_row_values`), in the
+    words of `plan._overflows`."""
     out = []
-    if cols["headroom_bytes"][i] < 0:
-        out.append(f"GPU memory on stage {cols['peak_stage'][i]} by "
-                   f"{-cols['headroom_bytes'][i] / GIB:,.2f} GiB")
-    cpu_over = cols["node_cpu_bytes"][i] - cluster.node.cpu_memory_bytes
+    if row["headroom_bytes"] < 0:
+        out.append(f"GPU memory on stage {row['peak_stage']} by "
+                   f"{-row['headroom_bytes'] / GIB:,.2f} GiB")
+    cpu_over = row["node_cpu_bytes"] - cluster.node.cpu_memory_bytes
     if cpu_over > 0:
         out.append(f"CPU memory per node by {cpu_over / GIB:,.2f} GiB")
-    nvme_over = cols["node_nvme_bytes"][i] - cluster.node.nvme_bytes
+    nvme_over = row["node_nvme_bytes"] - cluster.node.nvme_bytes
     if nvme_over > 0:
         out.append(f"NVMe per node by {nvme_over / GIB:,.2f} GiB")
     return "; ".join(out)
 
 
-def _row(cands, cols, i: int, c: Constraints, cluster: Cluster, fits: bool,
-         variants: list[str] | None = None) -> SweepRow:
-    """The result row of candidate i. Its Layout is validated; the estimate and the row hold
-    the evaluation's own floats and ints (`Frozen.computed`: no user input to check)."""
-    est = {k: float(cols[k][i]) for k in steptime.StepEstimate.model_fields if k in cols}
+_MEMORY_FIELDS = ("gpu_peak_bytes", "peak_stage", "headroom_bytes", "node_cpu_bytes",
+                  "node_nvme_bytes")
+
+
+def _row_values(cols, at: Sequence[int]) -> dict[int, dict[str, object]]:
+    """The result columns (the step estimate's, the efficiency, the memory) of the candidates
+    `at` as Python numbers, {candidate: {name: value}}: one gather per column for all the rows
+    a sweep shows."""
+    if not len(at):
+        return {}
+    names = [k for k in (*steptime.StepEstimate.model_fields, "efficiency", *_MEMORY_FIELDS)
+             if k in cols]
+    idx = np.asarray(at, dtype=np.int64)
+    columns = [np.asarray(cols[name][idx]).tolist() for name in names]
+    return {int(i): dict(zip(names, values)) for i, values in zip(at, zip(*columns))}
+
+
+def _row(cands, i: int, values: Mapping[str, object], c: Constraints, cluster: Cluster,
+         fits: bool, variants: list[str] | None = None,
+         engines: Callable[[Layout], list[str]] | None = None) -> SweepRow:
+    """The result row of candidate i (`values`: its `_row_values`). Its Layout is validated; the
+    estimate and the row hold the evaluation's own floats and ints (`Frozen.computed`: no user
+    input to check). `engines`: the engines that run a layout (planner/io/engines.py
+    `supported_engines`), for a ranked row."""
+    est = {k: float(values[k]) for k in steptime.StepEstimate.model_fields if k in values}
+    layout = layout_at(cands, i, c)
     return SweepRow.computed(
-        layout=layout_at(cands, i, c),
+        layout=layout,
         estimate=steptime.StepEstimate.computed(
-            **est, compute_efficiency=float(cols["efficiency"][i])),
-        gpu_peak_bytes=int(cols["gpu_peak_bytes"][i]), peak_stage=int(cols["peak_stage"][i]),
-        headroom_bytes=int(cols["headroom_bytes"][i]), node_cpu_bytes=int(cols["node_cpu_bytes"][i]),
-        node_nvme_bytes=int(cols["node_nvme_bytes"][i]), fits=fits,
-        reason="" if fits else overflow_reason(cols, i, cluster), variants=variants or [],
+            **est, compute_efficiency=float(values["efficiency"])),
+        **{name: int(values[name]) for name in _MEMORY_FIELDS}, fits=fits,
+        reason="" if fits else overflow_reason(values, cluster), variants=variants or [],
+        engines=engines(layout) if engines else [],
     )
-
-
-def with_engines(row: SweepRow, model: ModelSpec, setup: TrainSetup) -> SweepRow:
-    """The row with `engines` filled (planner.io.engines.supported_engines)."""
-    from planner.io.engines import supported_engines
-
-    return row.model_copy(update={"engines": supported_engines(model, row.layout, setup.precision)})
 
 
 def variant_label(cands, j: int, head: int) -> str:
@@ -1322,13 +1336,19 @@ def sweep(model: ModelSpec, cluster: Cluster, setup: TrainSetup, constraints: Co
     good = collapse_variants(cands, cols, ranked, top)
     plain = times.rank(cols, [(np.nonzero(fits & shown & (cands["cp"] == 1))[0], sort, 1)])[0] \
         if good and int(cands["cp"][good[0][0]]) > 1 else []
-    without_cp = _row(cands, cols, int(plain[0]), c, cluster, True) if len(plain) else None
+    from planner.io.engines import supported_engines  # the engine tables: only for rows shown
+
+    shown_rows = [i for i, _ in good] + [int(i) for i in bad] + [int(i) for i in plain[:1]]
+    values = _row_values(cols, shown_rows)  # each result column gathered once
+    without_cp = (_row(cands, int(plain[0]), values[int(plain[0])], c, cluster, True)
+                  if len(plain) else None)
     return SweepResult.computed(
         **base, fitting=int(fits.sum()), rejected_gpu=int((~ok[0]).sum()),
         rejected_cpu=int((~ok[1]).sum()), rejected_nvme=int((~ok[2]).sum()),
-        top=[with_engines(_row(cands, cols, i, c, cluster, True, [variant_label(cands, j, i) for j in folded]),
-                          model, setup) for i, folded in good],
-        rejected=[_row(cands, cols, int(i), c, cluster, False) for i in bad],
+        top=[_row(cands, i, values[i], c, cluster, True, [variant_label(cands, j, i) for j in folded],
+                  lambda layout: supported_engines(model, layout, setup.precision))
+             for i, folded in good],
+        rejected=[_row(cands, int(i), values[int(i)], c, cluster, False) for i in bad],
         timed=int(np.count_nonzero(times.timed)),
         empty_reason="" if fits.any() else _why_nothing_fits(cols, ok, cluster, c.engine),
         best_without_cp=without_cp, seconds=time.perf_counter() - start,
