@@ -123,3 +123,35 @@ def test_chunked_evaluation_gives_the_same_answer(case, monkeypatch):
     assert len(reports) == -(-whole["evaluated"] // 3000) >= 3
     assert reports[-1] == (whole["evaluated"], whole["evaluated"])
     assert chunked.model_dump(exclude={"seconds"}) == whole
+
+
+@pytest.mark.parametrize("case", SPACES[:2], ids=IDS[:2])
+def test_the_answer_does_not_depend_on_the_first_margin(case, monkeypatch):
+    """`StepTimes.rank` first times the candidates within `FIRST_MARGIN` of the limit-th best
+    bound, then, only where the limit-th best exact key lies beyond, the candidates up to that
+    key: with no margin (a second evaluation for each space here), the default and a margin
+    that takes in every candidate (one evaluation), the answer is the one of timing them all."""
+    model, cluster, setup, c = _space(case)
+    monkeypatch.setattr(steptime, "step_bounds", _loose)
+    expected = [sweep.sweep(model, cluster, setup, c, sort=sort, top=10, rejected=5)
+                .model_dump(exclude={"seconds", "timed"}) for sort in ("step-time", "mfu")]
+    monkeypatch.undo()
+    evaluations = []
+    original = sweep.StepTimes.evaluate
+
+    def counted(self, idx):
+        evaluations.append(len(idx))
+        return original(self, idx)
+
+    monkeypatch.setattr(sweep.StepTimes, "evaluate", counted)
+    for margin in (0.0, sweep.FIRST_MARGIN, 1e6):
+        monkeypatch.setattr(sweep, "FIRST_MARGIN", margin)
+        for sort, answer in zip(("step-time", "mfu"), expected):
+            evaluations.clear()
+            result = sweep.sweep(model, cluster, setup, c, sort=sort, top=10, rejected=5)
+            assert result.model_dump(exclude={"seconds", "timed"}) == answer
+            assert sum(evaluations) == result.timed  # no candidate timed twice
+            if margin == 0.0:
+                assert len(evaluations) == 2
+            if margin == 1e6:
+                assert len(evaluations) == 1

@@ -965,9 +965,13 @@ def memory_all(model, cluster, setup, cands, c, efficiency=None,
     return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}, times
 
 
-FIRST_TIMED = 256
-"""Candidates `StepTimes.rank` times first (at least; 8 x its limit), the best bounds: their
-exact keys set the cut every other candidate's bound is held against."""
+FIRST_MARGIN = 0.1
+"""`StepTimes.rank` first times every candidate whose bound is within this share of the
+limit-th best bound (a guess at the cut; the answer does not depend on it): when the limit-th
+best exact key among them is within that margin too, no other candidate can rank and one
+evaluation suffices; else a second times the candidates between the margin and that key.
+Chosen on nine spaces (docs/sweep.md "Session 26"): 0.1 needed one evaluation or timed fewer
+candidates than the 256 best bounds it replaced on each of them."""
 
 
 class StepTimes:
@@ -976,10 +980,11 @@ class StepTimes:
     Every candidate's step time is at least its activity group's bound (`steptime.step_bounds`:
     the terms that read no ZeRO / offload / engine field, which the groups share; the others
     are >= 0), and so are the sort keys derived from it. `rank` evaluates the state terms
-    (`steptime.row_columns`) of the candidates with the best bounds (FIRST_TIMED), then of every
-    candidate whose bound reaches the limit-th best of those exact keys: no other candidate can
-    be among the first `limit`, so `rank_order` over those gives the order it gives over fully
-    evaluated columns (tests/test_sweep_bounds.py). `cols` reads the step columns of the
+    (`steptime.row_columns`) of the candidates whose bounds are within FIRST_MARGIN of the
+    limit-th best bound, then of every other candidate whose bound reaches the limit-th best
+    of those exact keys: no other candidate can be among the first `limit`, so `rank_order`
+    over those gives the order it gives over fully evaluated columns
+    (tests/test_sweep_bounds.py). `cols` reads the step columns of the
     candidates ranked so far (`kept`), stored compactly: each candidate's `slot` in the
     evaluated batches (scattering ~20 full-length columns cost more than the ranking).
     `timed`: the candidates whose state terms were evaluated; `kept`: those `cols` can read."""
@@ -1053,9 +1058,10 @@ class StepTimes:
              queries: list[tuple[np.ndarray, str, int]]) -> list[np.ndarray]:
         """`rank_order(cols + the step columns, idx, sort, limit)` of each query (idx, sort,
         limit), the step columns evaluated on the candidates that can be among the first
-        `limit` only: the FIRST_TIMED best bounds of each query, then every candidate whose
-        bound reaches the limit-th best of their exact keys (the queries together: two
-        evaluations, whose fixed cost outweighs their rows')."""
+        `limit` only: every candidate whose bound is within FIRST_MARGIN of the limit-th best
+        bound, then, where the limit-th best of their exact keys lies beyond that, every
+        candidate whose bound reaches it (the queries together: one evaluation, a second only
+        for the queries that need it; a call's fixed cost outweighs hundreds of rows')."""
         needs, cuts = [], []
         for idx, sort, limit in queries:
             name, descending = _SORT_COLUMN[check_sort(sort)]
@@ -1066,21 +1072,28 @@ class StepTimes:
                 needs.append(idx if within is None else idx[within])
             else:  # the step time's (or a rate's): bounded
                 bound = _preference(self.bound(name)[idx], descending)
-                first = min(len(idx), max(FIRST_TIMED, 8 * limit))
-                best = idx[np.argpartition(bound, first - 1)[:first]]
-                cuts.append((len(needs), idx, bound, descending, name, limit))
-                needs.append(best)
-        if cuts:  # their limit-th best exact key is >= the limit-th best of all
-            exact = self.evaluate(np.concatenate([needs[at] for at, *_ in cuts]))
-            start = 0
-            for at, idx, bound, descending, name, limit in cuts:
-                keys = _preference(exact[name][start:start + len(needs[at])], descending)
-                start += len(needs[at])
-                cut = np.partition(keys, limit - 1)[limit - 1]
-                needs[at] = idx if np.isnan(cut) else idx[bound <= cut]
-        every = np.concatenate(needs)
+                best = np.partition(bound, limit - 1)[limit - 1]
+                guess = best + FIRST_MARGIN * abs(best)  # a worse key (the preference is smaller)
+                first = np.ones(len(idx), dtype=bool) if np.isnan(guess) else bound <= guess
+                cuts.append((len(needs), idx, bound, first, descending, name, limit))
+                needs.append(idx[first])
+        every = np.concatenate(needs) if needs else np.zeros(0, dtype=np.int64)
         if len(every):
-            self._keep(every, self.evaluate(every))
+            exact = self.evaluate(every)
+            self._keep(every, exact)
+            more, start = [], 0
+            for at, need in enumerate(needs):
+                if cuts and cuts[0][0] == at:  # a bounded query: its limit-th best exact key,
+                    _, idx, bound, first, descending, name, limit = cuts.pop(0)  # >= that of all
+                    keys = _preference(exact[name][start:start + len(need)], descending)
+                    cut = np.partition(keys, limit - 1)[limit - 1]
+                    rest = idx[~first] if np.isnan(cut) else idx[~first & (bound <= cut)]
+                    more.append(rest)
+                    needs[at] = np.concatenate((need, rest))
+                start += len(need)
+            rest = np.concatenate(more) if more else every[:0]
+            if len(rest):
+                self._keep(rest, self.evaluate(rest))
         merged = cols | self.cols
         return [rank_order(merged, need, sort, limit) if len(need) else need
                 for need, (_, sort, limit) in zip(needs, queries)]
