@@ -155,3 +155,27 @@ def test_the_answer_does_not_depend_on_the_first_margin(case, monkeypatch):
                 assert len(evaluations) == 2
             if margin == 1e6:
                 assert len(evaluations) == 1
+
+
+@pytest.mark.parametrize("margin", [0.0, 0.1])
+def test_every_candidate_that_could_rank_is_timed(space, margin, monkeypatch):
+    """The invariant behind the answer: after `StepTimes.rank`, every candidate whose bound is
+    at most the limit-th best exact key of its query (from the full evaluation, `evaluate`) has
+    been timed; any one left out could have ranked."""
+    model, cluster, setup, c, cands, full, cols, _ = space
+    monkeypatch.setattr(sweep, "FIRST_MARGIN", margin)
+    cols, times = sweep.memory_all(model, cluster, setup, cands, c,
+                                   activity_key=sweep.enumerate_product(model, cluster, setup, c)[2])
+    cols |= {"opt": cands["offload_optimizer"], "par": cands["offload_params"]}
+    ok = sweep.fit_masks(cols, cluster)
+    fits = ok[0] & ok[1] & ok[2]
+    queries = [(np.nonzero(fits)[0], "step-time", 90), (np.nonzero(~fits)[0], "step-time", 5)]
+    times.rank(cols, queries)
+    bound = times.bound("step_s")
+    for idx, _, limit in queries:
+        if len(idx) <= limit:
+            assert times.timed[idx].all()
+            continue
+        true_cut = np.partition(full["step_s"][idx], limit - 1)[limit - 1]
+        could = idx[bound[idx] <= true_cut]
+        assert len(could) >= limit and times.timed[could].all()
