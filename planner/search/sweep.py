@@ -340,19 +340,13 @@ def enumerate_product(model: ModelSpec, cluster: Cluster, setup: TrainSetup, c: 
         rejected |= block_rejected
         cols, key, pair, state = cols.take(block_ok), key[block_ok], pair[block_ok], state[block_ok]
     shard = dp_shard_rows(cluster, pairs, states, pair, state, c)
-    if shard is not None:  # the HSDP shard group: a column, masked by its rule on the rows with
-        src, values = shard  # a shard group (0, the whole dp group, passes it by definition)
-        rule = rules.named(rules.DP_SHARD_RULE)
-        hybrid = np.flatnonzero(values)
-        expanded = cols.take(src.take(hybrid))
-        read = LayoutColumns({name: expanded[name] for name in rule[0].reads
-                              if name != "dp_shard"} | {"dp_shard": values.take(hybrid)})
-        hybrid_ok, hsdp_rejected = rules.mask(ctx, read, rule)
+    if shard is not None:  # the HSDP shard group: a column, masked by its rule (read on a
+        src, values = shard  # view of its own: the state columns stay gathers of their factors)
+        hsdp_ok, hsdp_rejected = rules.mask(ctx, cols.take(src).with_columns(dp_shard=values),
+                                            rules.named(rules.DP_SHARD_RULE))
         rejected |= hsdp_rejected
-        hsdp_ok = np.ones(len(src), dtype=bool)
-        hsdp_ok[hybrid[~hybrid_ok]] = False
-        src = src[hsdp_ok]
-        cols, key = cols.take(src).with_columns(dp_shard=values[hsdp_ok]), key[src]
+        src, values = src[hsdp_ok], values[hsdp_ok]
+        cols, key = cols.take(src).with_columns(dp_shard=values), key[src]
     return cols, rejected, key
 
 
