@@ -83,33 +83,28 @@ class LayoutColumns(Mapping[str, np.ndarray]):
         takes its candidates' rows several times and reads some columns at every row, others
         at a few (`to_layout`'s rows); a column not gathered yet keeps its source and the
         composed row index (one `take` for all the columns sharing an index)."""
-        if isinstance(index, slice):
-            out = LayoutColumns.__new__(LayoutColumns)  # same names: no re-check
-            out._cols = {k: None if v is None else v[index] for k, v in self._cols.items()}
-            sliced: dict[int, np.ndarray] = {}  # one view per shared row index
-            out._pending = {}
-            for name, (source, rows) in self._pending.items():
-                if id(rows) not in sliced:
-                    sliced[id(rows)] = rows[index]
-                out._pending[name] = (source, sliced[id(rows)])
-            out._n = len(range(self._n)[index])
-            return out
-        index = np.asarray(index)
-        if index.dtype == bool and index.shape != (self._n,):
-            raise IndexError(f"a mask of shape {index.shape} for {self._n} rows")
-        rows = np.flatnonzero(index) if index.dtype == bool else index
-        composed: dict[int, np.ndarray] = {}  # id of a pending row index -> it at `rows`
-        pending = {}
-        for name, column in self._cols.items():
-            if column is None:
-                source, at = self._pending[name]
-                if id(at) not in composed:
-                    composed[id(at)] = at.take(rows)
-                pending[name] = (source, composed[id(at)])
-            else:
-                pending[name] = (column, rows)
-        out = LayoutColumns.__new__(LayoutColumns)
-        out._cols, out._pending, out._n = dict.fromkeys(self._cols), pending, len(rows)
+        if isinstance(index, slice):  # views: the gathered columns are sliced at once
+            n = len(range(self._n)[index])
+            cols = {k: None if v is None else v[index] for k, v in self._cols.items()}
+            pending: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+            def at_rows(at: np.ndarray) -> np.ndarray:
+                return at[index]
+        else:
+            index = np.asarray(index)
+            if index.dtype == bool and index.shape != (self._n,):
+                raise IndexError(f"a mask of shape {index.shape} for {self._n} rows")
+            rows = np.flatnonzero(index) if index.dtype == bool else index
+            n, cols = len(rows), dict.fromkeys(self._cols)
+            pending = {k: (v, rows) for k, v in self._cols.items() if v is not None}
+            def at_rows(at: np.ndarray) -> np.ndarray:
+                return at.take(rows)
+        composed: dict[int, np.ndarray] = {}  # one composed index per shared row index
+        for name, (source, at) in self._pending.items():
+            if id(at) not in composed:
+                composed[id(at)] = at_rows(at)
+            pending[name] = (source, composed[id(at)])
+        out = LayoutColumns.__new__(LayoutColumns)  # same names: no re-check
+        out._cols, out._pending, out._n = cols, pending, n
         return out
 
     def with_columns(self, **cols: np.ndarray) -> LayoutColumns:
