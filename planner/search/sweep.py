@@ -1075,16 +1075,13 @@ class StepTimes:
         if len(every):
             exact = self.evaluate(every)
             self._keep(every, exact)
-            more, start = [], 0
-            for at, need in enumerate(needs):
-                if cuts and cuts[0][0] == at:  # a bounded query: its limit-th best exact key,
-                    _, idx, bound, first, descending, name, limit = cuts.pop(0)  # >= that of all
-                    keys = _preference(exact[name][start:start + len(need)], descending)
-                    cut = np.partition(keys, limit - 1)[limit - 1]
-                    rest = idx[~first] if np.isnan(cut) else idx[~first & (bound <= cut)]
-                    more.append(rest)
-                    needs[at] = np.concatenate((need, rest))
-                start += len(need)
+            starts, more = np.cumsum([0, *map(len, needs)]), []
+            for at, idx, bound, first, descending, name, limit in cuts:  # a bounded query: its
+                keys = _preference(exact[name][starts[at]:starts[at + 1]], descending)  # limit-th
+                cut = np.partition(keys, limit - 1)[limit - 1]  # best exact key >= that of all
+                rest = idx[~first] if np.isnan(cut) else idx[~first & (bound <= cut)]
+                more.append(rest)
+                needs[at] = np.concatenate((needs[at], rest))
             rest = np.concatenate(more) if more else every[:0]
             if len(rest):
                 self._keep(rest, self.evaluate(rest))
