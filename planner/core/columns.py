@@ -39,6 +39,12 @@ group, no block recompute; the sweep adds `dp_shard` unless `--dp-shard none`, 0
 sharding over its whole dp group, and `recompute_num_layers` only when block recompute is pinned)."""
 
 
+def _check_names(names: Iterable[str]) -> None:
+    unknown = set(names) - set(FIELDS)
+    if unknown:
+        raise KeyError(f"not a layout column: {', '.join(sorted(unknown))}")
+
+
 class LayoutColumns(Mapping[str, np.ndarray]):
     """Columns named like `Layout`'s fields (a read-only mapping name -> 1-D array).
 
@@ -50,9 +56,7 @@ class LayoutColumns(Mapping[str, np.ndarray]):
     __slots__ = ("_cols", "_n", "_pending")
 
     def __init__(self, cols: Mapping[str, np.ndarray]) -> None:
-        unknown = set(cols) - set(FIELDS)
-        if unknown:
-            raise KeyError(f"not a layout column: {', '.join(sorted(unknown))}")
+        _check_names(cols)
         self._cols: dict[str, np.ndarray | None] = {k: np.asarray(v) for k, v in cols.items()}
         self._pending: dict[str, tuple[np.ndarray, np.ndarray]] = {}
         lengths = {len(v) for v in self._cols.values()}
@@ -121,9 +125,7 @@ class LayoutColumns(Mapping[str, np.ndarray]):
         """Columns `source.take(rows)` added, each gathered when first read (`take`)."""
         if len(rows) != self._n:
             raise ValueError(f"columns of different lengths {sorted({len(rows), self._n})}")
-        unknown = set(sources) - set(FIELDS)
-        if unknown:
-            raise KeyError(f"not a layout column: {', '.join(sorted(unknown))}")
+        _check_names(sources)
         out = LayoutColumns.__new__(LayoutColumns)
         out._cols = {**self._cols, **dict.fromkeys(sources)}
         out._pending = {**self._pending, **{k: (np.asarray(v), rows) for k, v in sources.items()}}
