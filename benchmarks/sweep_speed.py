@@ -52,18 +52,20 @@ SCALING = ("gpt3-175b", (256, 512, 1024, 2048, 4096, 8192), (512, 1024, 1536, 20
 
 
 def clear_caches() -> None:
-    """Empty every functools cache of the planner modules a sweep uses, so that each repetition
-    is a cold sweep() as one CLI invocation sees it (no help from an earlier repetition).
-    `planner.io.loading` keeps its file cache: the model and cluster are loaded before timing."""
-    from planner.memory import activations, model_states
-    from planner.core import flops, params
-    from planner.search import strategies
-    from planner.timing import steptime
+    """Empty every functools cache of every loaded planner module, and the models' memoized
+    hashes (`planner.core.spec._MODEL_HASHES`), so that each repetition is a cold sweep() as
+    one CLI invocation sees it (no help from an earlier repetition).
+    `planner.io.loading` keeps its file cache: the model and cluster are loaded before timing.
+    (Until session 27 only seven modules' caches were cleared: the rule table's applicable
+    rules per column set, `timing.expert`'s MoE block counts and the model hashes stayed warm.)"""
+    from planner.core import spec
 
-    for module in (sweep, strategies, params, model_states, activations, flops, steptime):
-        for value in vars(module).values():
-            if callable(getattr(value, "cache_clear", None)):
-                value.cache_clear()
+    for name, module in list(sys.modules.items()):
+        if name.startswith("planner") and name != "planner.io.loading":
+            for value in list(vars(module).values()):
+                if callable(getattr(value, "cache_clear", None)):
+                    value.cache_clear()
+    spec._MODEL_HASHES.clear()
 
 
 def _best_of(fn, repeats=REPEATS) -> float:
