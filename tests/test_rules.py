@@ -74,6 +74,26 @@ def test_mask_and_error_come_from_the_same_rule():
                 rules.check_layout(ctx, cols, i)
 
 
+def test_mask_of_a_table_gives_each_rows_verdict_and_counts_rows():
+    """`rules.mask(..., rows=...)`: the rules run on a table of distinct combinations, and the
+    verdicts and rejection counts are those of the rows pointing into it. Hand-built table:
+    (zero 0, offload_params cpu) breaks "offload_params needs ZeRO-3"; (zero 0, offload
+    optimizer cpu, offload_params cpu) breaks it first and also "offload_optimizer needs ZeRO
+    >= 1" (counted under the first); (zero 3, cpu, cpu) breaks nothing."""
+    table = LayoutColumns(dict(zero_stage=np.array([0, 0, 3]),
+                               offload_optimizer=np.array([0, 1, 1]),
+                               offload_params=np.array([1, 1, 1])))
+    rows = np.array([2, 0, 0, 1, 2, 0, 1])  # 3 rows of entry 0, 2 of entry 1, 2 of entry 2
+    ok, rejected = rules.mask(None, table, rules.LAYOUT_RULES, rows)
+    assert ok.tolist() == [True, False, False, False, True, False, False]
+    assert rejected == {"offload_params needs ZeRO-3": 5}
+    # the same as masking the rows themselves
+    every_ok, every_rejected = rules.mask(None, table.take(rows), rules.LAYOUT_RULES)
+    assert every_ok.tolist() == ok.tolist() and every_rejected == rejected
+    ok, rejected = rules.mask(None, table, rules.LAYOUT_RULES, np.array([2, 2]))
+    assert ok.tolist() == [True, True] and rejected == {}
+
+
 def test_sweep_counts_the_layouts_bucket_sizes():
     """Divergence 2 of issue 9: a DeepSpeed config's bucket sizes (Layout.buffers) reached fit's
     memory and step time but not the sweep's. With non-default buckets the sweep's columns equal

@@ -452,19 +452,32 @@ def _reading(names, rules: tuple[Rule, ...]) -> tuple[Rule, ...]:
     return tuple(rule for rule in rules if all(name in names for name in rule.reads))
 
 
-def mask(ctx: Context, cols: LayoutColumns,
-         rules: tuple[Rule, ...] = RULES) -> tuple[np.ndarray, dict[str, int]]:
+def mask(ctx: Context, cols: LayoutColumns, rules: tuple[Rule, ...] = RULES,
+         rows: np.ndarray | None = None) -> tuple[np.ndarray, dict[str, int]]:
     """Rows every applicable rule allows, and {rule name: rows it rejected} (a row broken by
-    several rules is counted under the first)."""
+    several rules is counted under the first). `rows`: `cols` is a table of distinct
+    combinations and these are the rows, each an index into it: the rules run once per
+    combination, and the verdicts and counts are those of the rows."""
     ok = np.ones(len(cols), dtype=bool)
+    first = None if rows is None else np.full(len(cols), -1, dtype=np.int64)  # first rule broken
     rejected: dict[str, int] = {}
-    for rule in applicable(cols, rules):
+    applied = applicable(cols, rules)
+    for k, rule in enumerate(applied):
         allowed = np.broadcast_to(np.asarray(rule.ok(ctx, cols), dtype=bool), ok.shape)
-        newly = int((ok & ~allowed).sum())
-        if newly:
-            rejected[rule.name] = newly
+        if first is not None:
+            first[ok & ~allowed] = k
+        else:
+            newly = int((ok & ~allowed).sum())
+            if newly:
+                rejected[rule.name] = newly
         ok &= allowed
-    return ok, rejected
+    if first is None:
+        return ok, rejected
+    ok_rows = ok.take(rows)
+    if not ok_rows.all():
+        counts = np.bincount(first.take(rows)[~ok_rows], minlength=len(applied))
+        rejected = {rule.name: int(n) for rule, n in zip(applied, counts.tolist()) if n}
+    return ok_rows, rejected
 
 
 def check_layout(ctx: Context, cols: LayoutColumns, row: int = 0) -> None:

@@ -340,12 +340,12 @@ def enumerate_product(model: ModelSpec, cluster: Cluster, setup: TrainSetup, c: 
         rejected |= block_rejected
         cols, key, pair, state = cols.take(block_ok), key[block_ok], pair[block_ok], state[block_ok]
     shard = dp_shard_rows(cluster, pairs, states, pair, state, c)
-    if shard is not None:  # the HSDP shard group: a column, masked by its rule (read on a
-        src, values = shard  # view of its own: the state columns stay gathers of their factors)
-        hsdp_ok, hsdp_rejected = rules.mask(ctx, cols.take(src).with_columns(dp_shard=values),
-                                            rules.named(rules.DP_SHARD_RULE))
+    if shard is not None:  # the HSDP shard group: a column, masked by its rule (evaluated once
+        src, values, fields, at = shard  # per combination of its fields, `dp_shard_rows`)
+        hsdp_ok, hsdp_rejected = rules.mask(ctx, fields, rules.named(rules.DP_SHARD_RULE), at)
         rejected |= hsdp_rejected
-        src, values = src[hsdp_ok], values[hsdp_ok]
+        if not hsdp_ok.all():
+            src, values = src[hsdp_ok], values[hsdp_ok]
         cols, key = cols.take(src).with_columns(dp_shard=values), key[src]
     return cols, rejected, key
 
@@ -412,10 +412,13 @@ def dp_shard_options(dp: int, dp_per_node: int) -> list[int]:
 
 
 def dp_shard_rows(cluster: Cluster, pairs: LayoutColumns, states: np.ndarray, pair: np.ndarray,
-                  state: np.ndarray, c: Constraints) -> tuple[np.ndarray, np.ndarray] | None:
-    """(source row, dp_shard) of each candidate after the HSDP dimension, or None for no
-    dp_shard column. `pair`, `state`: each candidate's row of the enumeration's factors `pairs`
-    (tp, cp, dp: the shard groups) and `states` (ZeRO stage, engine: whether it has HSDP).
+                  state: np.ndarray, c: Constraints
+                  ) -> tuple[np.ndarray, np.ndarray, LayoutColumns, np.ndarray] | None:
+    """(source row, dp_shard) of each candidate after the HSDP dimension, the table of the
+    HSDP rule's fields (dp, dp_shard, dp_engine, ZeRO stage: each combination of the factors
+    once) and each candidate's row of it; or None for no dp_shard column. `pair`, `state`:
+    each candidate's row of the enumeration's factors `pairs` (tp, cp, dp: the shard groups)
+    and `states` (ZeRO stage, engine: whether it has HSDP).
     Pinned values: every row once per value. `none` ((0,)): None. `auto` (None): every row
     once with 0 (its whole dp group) and every FSDP2 ZeRO-2/3 row (the engines that have HSDP,
     `rules.DP_SHARD_RULE`) once more per shard group of `dp_shard_options`, right after it;
@@ -423,23 +426,31 @@ def dp_shard_rows(cluster: Cluster, pairs: LayoutColumns, states: np.ndarray, pa
     n = len(pair)
     if c.dp_shard is not None:
         pins = _ints(sorted(set(c.dp_shard)))
-        return None if not pins.any() else (np.repeat(np.arange(n, dtype=np.int64), len(pins)),
-                                            np.tile(pins, n))
-    hybrid = (states[:, 3] == DP_ENGINES.index("fsdp2")) & (states[:, 0] >= 2)  # of each state
-    per_node = np.maximum(cluster.node.gpus_per_node // (pairs["tp"] * pairs["cp"]), 1)
-    keys, inv = group_rows(pairs["dp"], per_node)  # of each pair
-    table = [dp_shard_options(dp, node) for dp, node in keys.tolist()]
-    width = max(map(len, table), default=0)
-    options = np.zeros((len(table), width + 1), dtype=np.int64)  # column 0: the whole group
-    for g, values in enumerate(table):
-        options[g, 1:1 + len(values)] = values
-    extra = np.array([len(t) for t in table], dtype=np.int64).take(inv)  # shard groups of a pair
-    count = 1 + extra.take(pair) * hybrid.take(state)
-    if width == 0 or not (count > 1).any():
-        return None
+        if not pins.any():
+            return None
+        keys, inv = group_rows(pairs["dp"])  # of each pair
+        options = np.tile(pins, (len(keys), 1))  # the same values for every dp
+        count = np.full(n, len(pins), dtype=np.int64)
+    else:
+        hybrid = (states[:, 3] == DP_ENGINES.index("fsdp2")) & (states[:, 0] >= 2)  # of each state
+        per_node = np.maximum(cluster.node.gpus_per_node // (pairs["tp"] * pairs["cp"]), 1)
+        keys, inv = group_rows(pairs["dp"], per_node)  # of each pair
+        table = [dp_shard_options(dp, node) for dp, node in keys.tolist()]
+        width = max(map(len, table), default=0)
+        options = np.zeros((len(table), width + 1), dtype=np.int64)  # column 0: the whole group
+        for g, values in enumerate(table):
+            options[g, 1:1 + len(values)] = values
+        extra = np.array([len(t) for t in table], dtype=np.int64).take(inv)  # shard groups of a pair
+        count = 1 + extra.take(pair) * hybrid.take(state)
+        if width == 0 or not (count > 1).any():
+            return None
     src = np.repeat(np.arange(n, dtype=np.int64), count)
     nth = np.arange(len(src), dtype=np.int64) - np.repeat(np.cumsum(count) - count, count)
-    return src, options.ravel().take(inv.take(pair.take(src)) * (width + 1) + nth)
+    at = inv.take(pair.take(src)) * options.shape[1] + nth  # each candidate's entry of `options`
+    group, option, kind = np.indices((len(keys), options.shape[1], len(states))).reshape(3, -1)
+    fields = LayoutColumns(dict(dp=keys[:, 0].take(group), dp_shard=options[group, option],
+                                dp_engine=states[kind, 3], zero_stage=states[kind, 0]))
+    return src, options.ravel().take(at), fields, at * len(states) + state.take(src)
 
 
 def enumerate_candidates(model: ModelSpec, cluster: Cluster, setup: TrainSetup,
