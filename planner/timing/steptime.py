@@ -857,8 +857,8 @@ def group_times(model: ModelSpec, cluster: Cluster, setup: TrainSetup, cols: Lay
     r = cluster_rates(cluster, setup, efficiency)
     rec = cols["recompute"]
     codes = np.flatnonzero(np.bincount(rec, minlength=len(RECOMPUTE_MODES)))
-    table = {int(k): flops_mod.step_flops(model, setup, Layout(
-        recompute=RECOMPUTE_MODES[int(k)], flash_attention=flash_attention))
+    table = {int(k): flops_mod.step_flops(model, setup, Layout.trusted(  # two literal fields:
+        recompute=RECOMPUTE_MODES[int(k)], flash_attention=flash_attention))  # nothing to check
         for k in {*codes.tolist(), NONE, FULL} - {BLOCK}}  # block: from none and full
     share = flops_mod.forward_repeat_share(model.num_layers, cols)  # of each (group's) row
 
