@@ -33,7 +33,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from planner.core.columns import DP_ENGINES, OFFLOAD_TARGETS, RECOMPUTE_MODES, LayoutColumns
+from planner.core.columns import (DP_ENGINES, OFFLOAD_TARGETS, RECOMPUTE_MODES, LayoutColumns,
+                                  as_shape)
 from planner.core.errors import PlanInputError
 from planner.core.spec import Cluster, ModelSpec, TrainSetup, ceil_div
 
@@ -463,7 +464,7 @@ def mask(ctx: Context, cols: LayoutColumns, rules: tuple[Rule, ...] = RULES,
     rejected: dict[str, int] = {}
     applied = applicable(cols, rules)
     for k, rule in enumerate(applied):
-        allowed = np.broadcast_to(np.asarray(rule.ok(ctx, cols), dtype=bool), ok.shape)
+        allowed = as_shape(np.asarray(rule.ok(ctx, cols), dtype=bool), ok.shape)
         if first is not None:
             first[ok & ~allowed] = k
         else:

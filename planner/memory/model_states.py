@@ -29,7 +29,7 @@ from typing import NamedTuple
 import numpy as np
 
 from planner.core import rules
-from planner.core.columns import LayoutColumns
+from planner.core.columns import LayoutColumns, as_shape
 from planner.core.errors import PlanInputError
 from planner.core.columns import DP_ENGINES
 from planner.core.params import (StageParams, block_kinds, largest_param_numel, layer_params_per_rank,
@@ -200,7 +200,7 @@ def state_parts(num_params, cols: LayoutColumns, precision: PrecisionRecipe,
     `zero-infinity-paper` moves host.PAPER_MOVES_TO_NVME to NVMe on rows offloading the
     optimizer to NVMe (the array form of host.apply_host_accounting)."""
     z, opt, par = cols["zero_stage"], cols["offload_optimizer"], cols["offload_params"]
-    P = np.broadcast_to(num_params, z.shape)
+    P = as_shape(num_params, z.shape)
     part = partition_numel(P, shard_ranks(cols))
     pb, gb = precision.param_bytes, precision.grad_bytes
     off, z3 = opt > 0, z == 3
@@ -324,7 +324,7 @@ def buffer_parts(stage_numel, largest_numel, persistent_numel, cols: LayoutColum
     """
     z, opt = cols["zero_stage"], cols["offload_optimizer"]
     pb = precision.param_bytes
-    held = np.broadcast_to(stage_numel, z.shape)
+    held = as_shape(stage_numel, z.shape)
     live = np.maximum(max(sizes.max_live_parameters, sizes.prefetch_bucket_elements), largest_numel)
     parts = {
         "ddp_grad_bucket": (z == 0, np.minimum(sizes.ddp_bucket_bytes, held * precision.grad_bytes)),

@@ -37,8 +37,8 @@ import numpy as np
 
 from planner.core import flops as flops_mod
 from planner.core import params
-from planner.core.columns import (RECOMPUTE_MODES, LayoutColumns, group_rows, on_distinct, piecewise,
-                                  representatives, unique_ints)
+from planner.core.columns import (RECOMPUTE_MODES, LayoutColumns, as_shape, group_rows,
+                                  on_distinct, piecewise, representatives, unique_ints)
 from planner.core.errors import PlanInputError
 from planner.timing import collectives, context, expert, gemm, interference, logits, sharded_dp
 from planner.timing import megatron_overlap as mo
@@ -550,22 +550,22 @@ def collective_times(r: Rates, layers, stage_params, dp_local, dp, bucket_bytes,
     layers, stage_params, dp_local, dp, bucket_bytes = (
         x[rows] for x in (layers, stage_params, dp_local, dp, bucket_bytes))
     grad = stage_params * sizes.grad_bytes
-
-    def half(size_bytes):  # one reduce-scatter (= all-gather time) over the dp group
-        return dp_collective_s(r, "reduce_scatter", size_bytes, dp_local, dp)
-
+    # one reduce-scatter (= all-gather time) over the dp group of each size: the gradients,
+    # the parameters, the last bucket, as one stacked evaluation (elementwise: the same floats)
+    grad_half, param_half, bucket_half = dp_collective_s(
+        r, "reduce_scatter", np.stack([grad, stage_params * sizes.param_bytes,
+                                       np.minimum(bucket_bytes, grad)]), dp_local, dp)
     gather, reduce, prefetch = layer_collectives_s(r, layers, stage_params, dp_local, dp, sizes)
-    return dict(grad_half_s=half(grad), param_half_s=half(stage_params * sizes.param_bytes),
-                bucket_half_s=half(np.minimum(bucket_bytes, grad)), layer_gather_s=gather,
-                layer_reduce_s=reduce, prefetch=prefetch)
+    return dict(grad_half_s=grad_half, param_half_s=param_half, bucket_half_s=bucket_half,
+                layer_gather_s=gather, layer_reduce_s=reduce, prefetch=prefetch)
 
 
 def _stage_rows(layers, stage_params, stage_rows, shape) -> np.ndarray:
     """Each row's index among the distinct (layers, stage_params) pairs: `stage_rows` when the
     caller has it (the sweep's (tp, pp) table rows), else found here."""
     if stage_rows is not None:
-        return np.broadcast_to(stage_rows, shape)
-    layers, stage_params = (np.broadcast_to(x, shape) for x in (layers, stage_params))
+        return as_shape(stage_rows, shape)
+    layers, stage_params = (as_shape(x, shape) for x in (layers, stage_params))
     if layers.dtype.kind in "iu" and stage_params.dtype.kind in "iu":
         return group_rows(layers, stage_params)[1]
     pairs = np.stack((layers, stage_params), axis=1)
@@ -594,7 +594,7 @@ def state_terms(r: Rates, cols: LayoutColumns, layers, stage_params, shard_param
               else mo.bucket_params(dp) * grad_b)
     shape = zero.shape
     layers, stage_params, shard, dp_local, bucket, m, fwd_mb_s, bwd_mb_s = (
-        np.broadcast_to(x, shape) for x in (layers, stage_params, shard_params, dp_local, bucket,
+        as_shape(x, shape) for x in (layers, stage_params, shard_params, dp_local, bucket,
                                             m, fwd_mb_s, bwd_mb_s))
     hsdp = "dp_shard" in cols  # the HSDP replica all-reduce (FSDP2 rows) reads tp and the whole
     whole_ranks = cols["dp"] * cols.get("cp", 1)  # dp group too: with dp_shard they join the keys
@@ -613,7 +613,7 @@ def state_terms(r: Rates, cols: LayoutColumns, layers, stage_params, shard_param
         unit_params = stage_params[one].take(representatives(stage, int(stage.max()) + 1))
         shard_rank = unique_ints(cols["dp_shard"])[1] if hsdp else None
         keys = (stage_keys.take(activity[1]) * 4 + zero,) + ((shard_rank,) if hsdp else ())
-    pp_v = [np.broadcast_to(cols[c], shape) for c in ("pp", "virtual_stages")]  # interleaving
+    pp_v = [as_shape(cols[c], shape) for c in ("pp", "virtual_stages")]  # interleaving
 
     def collectives_of(rows):  # the DP collectives, and HSDP's replica all-reduce per layer
         times = collective_times(r, layers, stage_params, dp_local, dp, bucket, sizes, rows)
