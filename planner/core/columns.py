@@ -222,16 +222,25 @@ def unique_ints(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 def group_rows(*keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Unique rows of the stacked non-negative integer keys, in `np.unique`'s sorted order, and
-    each candidate's row index. The columns are packed into one int64 in mixed radix (radix:
-    the column's largest value + 1), one column at a time; whenever the packed range would
-    grow wide, the part packed so far is first replaced by its rank among its distinct values
-    (a presence table, no sort), and a wide column by its rank. Ranks keep the order, so the
-    groups come out sorted; each group's values are read at one of its rows."""
+    each candidate's row index (`group_index`); each group's values are read at one of its
+    rows."""
+    count, inverse = group_index(*keys)
+    rep = representatives(inverse, count)
+    return np.stack([np.asarray(key, dtype=np.int64)[rep] for key in keys], axis=1), inverse
+
+
+def group_index(*keys: np.ndarray) -> tuple[int, np.ndarray]:
+    """(number of groups, each candidate's group) of the stacked non-negative integer keys,
+    the groups in `np.unique`'s sorted order (`group_rows` without the groups' values). The
+    columns are packed into one int64 in mixed radix (radix: the column's largest value + 1),
+    one column at a time; whenever the packed range would grow wide, the part packed so far is
+    first replaced by its rank among its distinct values (a presence table, no sort), and a
+    wide column by its rank. Ranks keep the order, so the groups come out sorted."""
     n = len(keys[0])
     limit = 4 * n + 4096
-    keys = [np.asarray(key, dtype=np.int64) for key in keys]
     packed, width = None, 1
     for key in keys:
+        key = np.asarray(key, dtype=np.int64)
         radix = int(key.max(initial=0)) + 1
         if packed is not None and width * radix > limit:
             uniq, packed = unique_ints(packed)
@@ -242,9 +251,7 @@ def group_rows(*keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         packed = key if packed is None else packed * radix + key
         width *= radix
     uniq, inverse = unique_ints(packed)
-    inverse = inverse.astype(np.int64, copy=False)
-    rep = representatives(inverse, len(uniq))
-    return np.stack([key[rep] for key in keys], axis=1), inverse
+    return len(uniq), inverse.astype(np.int64, copy=False)
 
 
 def representatives(inverse: np.ndarray, groups: int) -> np.ndarray:
@@ -260,9 +267,9 @@ def on_distinct(fn: Callable[[np.ndarray], Mapping[str, object]],
     each, `representatives`) and gathered back to every row: for a quantity that depends only
     on those keys, the same values as `fn` over all rows, computed on far fewer. `fn` takes the
     representative row indices and returns named values over them (arrays or scalars)."""
-    uniq, inverse = group_rows(*keys)
-    out = fn(representatives(inverse, len(uniq)))
-    return {name: as_shape(value, (len(uniq),)).take(inverse) for name, value in out.items()}
+    count, inverse = group_index(*keys)
+    out = fn(representatives(inverse, count))
+    return {name: as_shape(value, (count,)).take(inverse) for name, value in out.items()}
 
 
 def as_shape(value, shape: tuple[int, ...]):
@@ -299,7 +306,7 @@ def activity_groups(cols: LayoutColumns, key: np.ndarray | None = None
     sweep's enumeration knows it: its candidates are a product with the ZeRO / offload
     options); else the groups are found from the columns (`group_rows`)."""
     if key is None:
-        _, inverse = group_rows(*(cols[name] for name in cols if name not in STATE_FIELDS))
+        _, inverse = group_index(*(cols[name] for name in cols if name not in STATE_FIELDS))
         groups = int(inverse.max(initial=-1)) + 1
     else:
         uniq, inverse = unique_ints(np.asarray(key, dtype=np.int64))

@@ -56,7 +56,7 @@ from planner.core.errors import PlanInputError
 from planner.core import rules
 from planner.core import columns
 from planner.core.columns import (CP_COMM_TYPES, DP_ENGINES, OFFLOAD_TARGETS, LayoutColumns,
-                                  activity_groups, group_rows, piecewise, unique_ints,
+                                  activity_groups, group_index, group_rows, piecewise, unique_ints,
                                   representatives)
 from planner.memory.context import cp_working_bytes, local_seq_len
 
@@ -380,8 +380,8 @@ def least_fitting_depths(cands: LayoutColumns, fits: np.ndarray) -> np.ndarray:
     fits, its largest n (the closest miss). Every other row passes."""
     depth, rec = cands["recompute_num_layers"], cands["recompute"]
     block = depth > 0
-    _, layout = group_rows(*(cands[k] for k in cands if k != "recompute_num_layers"))
-    _, same = group_rows(*(cands[k] for k in cands if k not in ("recompute", "recompute_num_layers")))
+    _, layout = group_index(*(cands[k] for k in cands if k != "recompute_num_layers"))
+    _, same = group_index(*(cands[k] for k in cands if k not in ("recompute", "recompute_num_layers")))
     no_fit = np.iinfo(np.int64).max
     least = np.full(int(layout.max(initial=-1)) + 1, no_fit, dtype=np.int64)
     np.minimum.at(least, layout[fits & block], depth[fits & block])
@@ -1264,7 +1264,7 @@ def engine_mask(model: ModelSpec, setup: TrainSetup, cands: LayoutColumns, c: Co
     Llama 3 405B example), each built without validation (the rule table passed it already)."""
     from planner.io.engines import FIELDS_READ, refusals, timed_as
 
-    _, group = group_rows(*(cands[name] for name in (*FIELDS_READ, "dp_engine") if name in cands))
+    _, group = group_index(*(cands[name] for name in (*FIELDS_READ, "dp_engine") if name in cands))
     first = representatives(group, int(group.max()) + 1)
     layouts = (cands.to_layout(int(i), flash_attention=c.flash_attention, buffers=c.buffers,
                                megatron_overlap=c.megatron_overlap, validate=False) for i in first)

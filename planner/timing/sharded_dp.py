@@ -90,11 +90,12 @@ def fsdp2_step(gather_layer_s, reduce_scatter_layer_s, forward_layer_s, backward
     """PyTorch FSDP2: forward gathers prefetched one unit ahead (f = 1); backward re-gathers only
     with reshard_after_forward; reduce-scatter (plus the HSDP replica all-reduce) on every
     micro-batch, or only on the last one when gradient sync is deferred. `copy_s`: the step's
-    copies on the compute stream (`fsdp2_copy_s`), exposed: added to the step."""
+    copies on the compute stream (`fsdp2_copy_s`), exposed: added to the step.
+    `reshard_after_forward`: one bool, or one per row (arrays broadcast)."""
     a = np.asarray(gather_layer_s, dtype=float)
     red = np.asarray(reduce_scatter_layer_s, dtype=float) + np.asarray(replica_all_reduce_layer_s, dtype=float)
     m, n_layers = np.asarray(micro_batches), np.asarray(num_layers)
-    bwd_gather = a if reshard_after_forward else 0.0 * a
+    bwd_gather = np.where(np.asarray(reshard_after_forward, dtype=bool), a, 0.0 * a)
     k = interference
     fwd = pipelined_s(a, forward_layer_s, n_layers, 1.0, k)
     bwd_reduce = pipelined_s(bwd_gather + red, backward_layer_s, n_layers, 1.0, k)

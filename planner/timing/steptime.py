@@ -37,7 +37,7 @@ import numpy as np
 
 from planner.core import flops as flops_mod
 from planner.core import params
-from planner.core.columns import (RECOMPUTE_MODES, LayoutColumns, as_shape, group_rows,
+from planner.core.columns import (RECOMPUTE_MODES, LayoutColumns, as_shape, group_index,
                                   on_distinct, piecewise, representatives, unique_ints)
 from planner.core.errors import PlanInputError
 from planner.timing import collectives, context, expert, gemm, interference, logits, sharded_dp
@@ -266,7 +266,7 @@ def zero3_comm(r: "Rates", layers, stage_params, dp_local, dp, micro_batches, si
                                  micro_batches, prefetch, r.interference)
 
 
-def fsdp2_unit_copy_bytes(stage_params, sizes: "ByteSizes", reshard_after_forward: bool):
+def fsdp2_unit_copy_bytes(stage_params, sizes: "ByteSizes", reshard_after_forward):
     """FSDP2's compute-stream copies of a stage's unit (`sharded_dp.fsdp2_copy_bytes`):
     gradients in the parameter dtype, reduced in the recipe's gradient dtype."""
     return sharded_dp.fsdp2_copy_bytes(stage_params, sizes.param_bytes, sizes.param_bytes,
@@ -274,7 +274,7 @@ def fsdp2_unit_copy_bytes(stage_params, sizes: "ByteSizes", reshard_after_forwar
 
 
 def fsdp2_comm(r: "Rates", layers, stage_params, dp_local, dp, micro_batches, sizes: "ByteSizes",
-               fwd_mb_s, bwd_mb_s, reshard_after_forward: bool, replica_layer_s=None,
+               fwd_mb_s, bwd_mb_s, reshard_after_forward, replica_layer_s=None,
                layer_comm=None, copy_bytes=None):
     """PyTorch FSDP2 per step (`sharded_dp.fsdp2_step`), one `fully_shard` unit per block:
     all-gathers prefetched one unit ahead in forward and, with reshard_after_forward (ZeRO-3
@@ -283,7 +283,7 @@ def fsdp2_comm(r: "Rates", layers, stage_params, dp_local, dp, micro_batches, si
     (over the shard group under HSDP), plus HSDP's replica all-reduce (`replica_layer_s`,
     `hsdp_replica_layer_s`) after each reduce-scatter.
     Plus FSDP2's copies on the compute stream (`fsdp2_unit_copy_bytes`; `copy_bytes` when
-    already evaluated)."""
+    already evaluated). `reshard_after_forward`: one bool or one per row."""
     if layer_comm is None:
         layer_comm = layer_collectives_s(r, layers, stage_params, dp_local, dp, sizes)
     gather, reduce, _ = layer_comm
@@ -567,7 +567,7 @@ def _stage_rows(layers, stage_params, stage_rows, shape) -> np.ndarray:
         return as_shape(stage_rows, shape)
     layers, stage_params = (as_shape(x, shape) for x in (layers, stage_params))
     if layers.dtype.kind in "iu" and stage_params.dtype.kind in "iu":
-        return group_rows(layers, stage_params)[1]
+        return group_index(layers, stage_params)[1]
     pairs = np.stack((layers, stage_params), axis=1)
     return np.unique(pairs, axis=0, return_inverse=True)[1].reshape(shape)
 
@@ -608,7 +608,7 @@ def state_terms(r: Rates, cols: LayoutColumns, layers, stage_params, shard_param
         whole = whole_ranks[one]  # group gives the ranks dp x cp the states shard over
         stage = _stage_rows(layers[one], stage_params[one],  # the group's stage (an index)
                             None if stage_rows is None else stage_rows[one], one.shape)
-        stage_keys = group_rows(stage, tp[one], cp,
+        stage_keys = group_index(stage, tp[one], cp,
                                 np.minimum(np.maximum(node // tp[one], 1), whole), whole)[1]
         unit_params = stage_params[one].take(representatives(stage, int(stage.max()) + 1))
         shard_rank = unique_ints(cols["dp_shard"])[1] if hsdp else None
@@ -647,11 +647,14 @@ def state_terms(r: Rates, cols: LayoutColumns, layers, stage_params, shard_param
     engine = cols["dp_engine"] if "dp_engine" in cols else np.zeros_like(zero)
     fsdp, z3 = engine == 1, (zero == 3) & (engine != 1)
 
-    def fsdp2(rows, reshard):  # grouped: the copies once per stage; HSDP's term (None: none)
+    def fsdp2(rows):  # ZeRO-3 rows reshard after forward, ZeRO-2 rows keep the gathered units;
+        reshard = zero[rows] == 3  # grouped: the copies once per stage; HSDP's term (None: none)
         copies = None
         if activity is not None:  # a few stages for thousands of rows: looked up by index
-            unit = fsdp2_unit_copy_bytes(unit_params, sizes, reshard)  # per stage index
-            at = stage.take(activity[1].take(rows))
+            k = len(unit_params)  # per stage index, resharding first, then not
+            unit = fsdp2_unit_copy_bytes(np.concatenate((unit_params, unit_params)), sizes,
+                                         np.arange(2 * k) < k)
+            at = stage.take(activity[1].take(rows)) + np.where(reshard, 0, k)
             copies = sharded_dp.Fsdp2CopyBytes(*(np.asarray(x).take(at) for x in unit))
         return sharded(fsdp2_comm, rows, reshard, coll["replica_layer_s"][rows] if hsdp else None,
                        copy_bytes=copies)
@@ -671,9 +674,7 @@ def state_terms(r: Rates, cols: LayoutColumns, layers, stage_params, shard_param
         return out["total"], out["exposed"]
 
     dp_total, dp_exposed = piecewise(shape, 2, [  # FSDP2 rows: no offload, each row distinct
-        (~fsdp, deepspeed_grouped),
-        (fsdp & (zero == 3), lambda rows: fsdp2(rows, True)),  # reshard after forward
-        (fsdp & (zero != 3), lambda rows: fsdp2(rows, False))])
+        (~fsdp, deepspeed_grouped), (fsdp, fsdp2)])
 
     def offloading(rows):  # rows with the optimizer or the parameters off the GPU
         opt, par, sh, mb = opt_target[rows], param_target[rows], shard[rows], m[rows]
