@@ -113,7 +113,7 @@ def _kv_heads_ok(model: ModelSpec, tp) -> np.ndarray:
 
 
 def _tp_divides(ctx: Context, c: LayoutColumns) -> np.ndarray:
-    ok = np.ones(len(c), dtype=bool)
+    ok = np.ones(np.shape(c["tp"]), dtype=bool)  # a column, or one layout's numpy scalar
     for _, width in _tp_widths(ctx.model):
         ok &= width % c["tp"] == 0
     return ok & _kv_heads_ok(ctx.model, c["tp"])
@@ -512,10 +512,17 @@ def layout_error(layout_fields: dict[str, int]) -> str | None:
 @functools.lru_cache(maxsize=4096)
 def _layout_error(items: tuple[tuple[str, int], ...]) -> str | None:
     layout_fields = dict(items)
-    # numpy scalars, not length-1 columns: the rules' operators and `astype` read both alike,
-    # a scalar's at a tenth of the cost (a sweep validates each result row's Layout)
-    cols = {k: np.int64(v) for k, v in layout_fields.items()}
-    for rule in applicable(cols, LAYOUT_RULES):
-        if not rule.ok(None, cols):  # type: ignore[arg-type]  # a numpy bool
-            return rule.message(None, layout_fields)  # type: ignore[arg-type]
+    rule = first_broken(None, layout_fields, LAYOUT_RULES)  # type: ignore[arg-type]
+    return None if rule is None else rule.message(None, layout_fields)  # type: ignore[arg-type]
+
+
+def first_broken(ctx: Context, row: dict[str, int], rules: tuple[Rule, ...]) -> Rule | None:
+    """The first of `rules` (those whose fields `row` has) that one layout's coded fields
+    break, or None. Evaluated on numpy scalars, not length-1 columns: the rules' operators
+    and `astype` read both alike, a scalar's at a tenth of the cost (a sweep validates each
+    result row's Layout and checks each tp degree's activation inventory)."""
+    scalars = {k: np.int64(v) for k, v in row.items()}
+    for rule in _reading(scalars, rules):
+        if not rule.ok(ctx, scalars):  # type: ignore[arg-type]  # a numpy bool
+            return rule
     return None

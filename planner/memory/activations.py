@@ -22,7 +22,6 @@ import functools
 import numpy as np
 
 from planner.core import params, rules
-from planner.core.columns import LayoutColumns
 from planner.core.errors import PlanInputError
 from planner.core.spec import Frozen, Layout, ModelSpec, TrainSetup, ceil_div
 from planner.memory import fp8
@@ -58,8 +57,11 @@ def check_tp(model: ModelSpec, layout: Layout, seq_len: int) -> None:
 
 @functools.lru_cache(maxsize=1024)
 def _check_tp(model: ModelSpec, tp: int, sequence_parallel: bool, seq_len: int) -> None:
-    cols = LayoutColumns({"tp": np.array([tp]), "sequence_parallel": np.array([sequence_parallel])})
-    rules.check_rules(rules.Context(model, seq_len_tokens=seq_len), cols, rules.named(*TP_RULES))
+    row = {"tp": int(tp), "sequence_parallel": int(bool(sequence_parallel))}
+    ctx = rules.Context(model, seq_len_tokens=seq_len)
+    rule = rules.first_broken(ctx, row, rules.named(*TP_RULES))
+    if rule is not None:
+        raise PlanInputError(rule.field, rule.message(ctx, row))
 
 
 def replicated_tokens(layout: Layout, seq_len: int) -> int:
