@@ -94,6 +94,32 @@ def test_mask_of_a_table_gives_each_rows_verdict_and_counts_rows():
     assert ok.tolist() == [True, True] and rejected == {}
 
 
+def test_one_layouts_rules_on_scalars_match_the_columns():
+    """`rules.first_broken` (one layout's coded fields as numpy scalars: Layout's validator, the
+    activation inventory's tp check) names the rule `rules.mask` rejects the same row under,
+    on every row of a grid over the fields the layout-only and tp rules read (TINY: 4 heads,
+    seq_len 8; 2 x 3 x 4 x 3 x 3 x 2 x 2 x 2 x 2 = 6,912 rows)."""
+    cluster, setup = make_cluster(gpus_per_node=4), make_setup(8)
+    ctx = rules.Context(TINY, cluster, setup)
+    checked = rules.LAYOUT_RULES + rules.named(rules.TP_RULE_NAME,
+                                                "sequence parallel needs tp to divide seq_len")
+    grid = np.array(np.meshgrid([1, 3], [1, 2, 4], [0, 1, 2, 3], [0, 1, 2], [0, 1, 2], [0, 1],
+                                [0, 1], [1, 2], [1, 2], indexing="ij")).reshape(9, -1)
+    names = ("tp", "pp", "zero_stage", "offload_optimizer", "offload_params", "dp_engine",
+             "sequence_parallel", "virtual_stages", "ep")
+    cols = LayoutColumns(dict(zip(names, grid)))
+    broken = [rule.name for rule in checked]
+    seen = set()
+    for i in range(len(cols)):
+        row = cols.row(i)
+        rule = rules.first_broken(ctx, row, checked)
+        ok, rejected = rules.mask(ctx, cols.take([i]), checked)
+        assert bool(ok[0]) == (rule is None)
+        assert rejected == ({} if rule is None else {rule.name: 1})
+        seen.add(None if rule is None else broken.index(rule.name))
+    assert len(seen) >= 6  # the grid breaks most of the rules, and passes some rows
+
+
 def test_sweep_counts_the_layouts_bucket_sizes():
     """Divergence 2 of issue 9: a DeepSpeed config's bucket sizes (Layout.buffers) reached fit's
     memory and step time but not the sweep's. With non-default buckets the sweep's columns equal
