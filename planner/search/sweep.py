@@ -855,14 +855,17 @@ def memory_columns(model: ModelSpec, cluster: Cluster, setup: TrainSetup,
     gpu_mid, gpu_heavy = piecewise(pp.shape, 2, [(middle, lambda at: (stage_bytes(1, at),
                                                                       stage_bytes(2, at)))])
     gpu_last = stage_bytes(3)
-    gpu_peak, peak_kind = gpu_first, np.zeros(len(pp), dtype=np.int64)
-    for kind, gpu in enumerate((gpu_mid, gpu_heavy, gpu_last), 1):  # the first maximum wins ties
-        higher = gpu > gpu_peak
+    gpu_peak = gpu_first.astype(np.result_type(gpu_first, gpu_mid, gpu_heavy, gpu_last), copy=False)
+    peak_kind = np.zeros(len(pp), dtype=np.int64)
+    kinds = ((1, gpu_mid), (2, gpu_heavy), (3, gpu_last)) if middle.any() else ((3, gpu_last),)
+    for kind, gpu in kinds:  # the first maximum wins ties (without a middle stage that can peak,
+        higher = gpu > gpu_peak  # its columns are 0, never above the first stage's peak, >= 0)
         gpu_peak, peak_kind = np.maximum(gpu, gpu_peak), np.where(higher, kind, peak_kind)
-    capacity = cluster.gpu.memory_bytes - reserve_column(
-        cluster.gpu, setup.reserve_gib, tp, one["pp"], one["dp"], cp).take(group)
+    capacity = (cluster.gpu.memory_bytes - reserve_column(
+        cluster.gpu, setup.reserve_gib, tp, one["pp"], one["dp"], cp)).take(group)
     kind_stage = np.stack([np.ones_like(tp), stage_no[:, 1], stage_no[:, 2], one["pp"]], axis=1)
-    peak_stage = kind_stage[group, peak_kind]  # the stage number of each candidate's peak kind
+    peak_stage = kind_stage.ravel().take(group * 4 + peak_kind)  # the stage number of each
+    # candidate's peak kind
     out = dict(gpu_peak_bytes=gpu_peak, peak_stage=peak_stage,
                headroom_bytes=capacity - gpu_peak, node_cpu_bytes=node_cpu, node_nvme_bytes=node_nvme)
     g = steptime.group_times(model, cluster, setup, one, tables["max_layers"][:, 0].take(inv_one),
