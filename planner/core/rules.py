@@ -497,10 +497,15 @@ def named(*names: str) -> tuple[Rule, ...]:
 
 def check_rules(ctx: Context, cols: LayoutColumns, rules: tuple[Rule, ...], row: int = 0) -> None:
     """Raise the first of `rules` that row `row` breaks, as a one-line PlanInputError."""
-    one = cols if len(cols) == 1 else cols.take([row])
-    for rule in applicable(one, rules):
-        if not bool(np.asarray(rule.ok(ctx, one), dtype=bool).reshape(-1)[0]):
-            raise PlanInputError(rule.field, rule.message(ctx, one.row(0)))
+    check_row(ctx, cols.row(row), rules)
+
+
+def check_row(ctx: Context, row: dict[str, int], rules: tuple[Rule, ...]) -> None:
+    """Raise the first of `rules` that one layout's coded fields break (`first_broken`), as a
+    one-line PlanInputError."""
+    rule = first_broken(ctx, row, rules)
+    if rule is not None:
+        raise PlanInputError(rule.field, rule.message(ctx, row))
 
 
 def layout_error(layout_fields: dict[str, int]) -> str | None:
@@ -520,7 +525,8 @@ def first_broken(ctx: Context, row: dict[str, int], rules: tuple[Rule, ...]) -> 
     """The first of `rules` (those whose fields `row` has) that one layout's coded fields
     break, or None. Evaluated on numpy scalars, not length-1 columns: the rules' operators
     and `astype` read both alike, a scalar's at a tenth of the cost (a sweep validates each
-    result row's Layout and checks each tp degree's activation inventory)."""
+    result row's Layout and checks each tp degree's activation inventory; `zplan fit` checks
+    its layout)."""
     scalars = {k: np.int64(v) for k, v in row.items()}
     for rule in _reading(scalars, rules):
         if not rule.ok(ctx, scalars):  # type: ignore[arg-type]  # a numpy bool

@@ -57,11 +57,9 @@ def check_tp(model: ModelSpec, layout: Layout, seq_len: int) -> None:
 
 @functools.lru_cache(maxsize=1024)
 def _check_tp(model: ModelSpec, tp: int, sequence_parallel: bool, seq_len: int) -> None:
-    row = {"tp": int(tp), "sequence_parallel": int(bool(sequence_parallel))}
-    ctx = rules.Context(model, seq_len_tokens=seq_len)
-    rule = rules.first_broken(ctx, row, rules.named(*TP_RULES))
-    if rule is not None:
-        raise PlanInputError(rule.field, rule.message(ctx, row))
+    rules.check_row(rules.Context(model, seq_len_tokens=seq_len),
+                    {"tp": int(tp), "sequence_parallel": int(bool(sequence_parallel))},
+                    rules.named(*TP_RULES))
 
 
 def replicated_tokens(layout: Layout, seq_len: int) -> int:

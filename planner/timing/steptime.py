@@ -595,7 +595,7 @@ def state_terms(r: Rates, cols: LayoutColumns, layers, stage_params, shard_param
     shape = zero.shape
     layers, stage_params, shard, dp_local, bucket, m, fwd_mb_s, bwd_mb_s = (
         as_shape(x, shape) for x in (layers, stage_params, shard_params, dp_local, bucket,
-                                            m, fwd_mb_s, bwd_mb_s))
+                                     m, fwd_mb_s, bwd_mb_s))
     hsdp = "dp_shard" in cols  # the HSDP replica all-reduce (FSDP2 rows) reads tp and the whole
     whole_ranks = cols["dp"] * cols.get("cp", 1)  # dp group too: with dp_shard they join the keys
     shard_rank = None  # the HSDP shard group by its rank, a narrow key (grouped evaluation)
@@ -609,7 +609,7 @@ def state_terms(r: Rates, cols: LayoutColumns, layers, stage_params, shard_param
         stage = _stage_rows(layers[one], stage_params[one],  # the group's stage (an index)
                             None if stage_rows is None else stage_rows[one], one.shape)
         stage_keys = group_index(stage, tp[one], cp,
-                                np.minimum(np.maximum(node // tp[one], 1), whole), whole)[1]
+                                 np.minimum(np.maximum(node // tp[one], 1), whole), whole)[1]
         unit_params = stage_params[one].take(representatives(stage, int(stage.max()) + 1))
         shard_rank = unique_ints(cols["dp_shard"])[1] if hsdp else None
         keys = (stage_keys.take(activity[1]) * 4 + zero,) + ((shard_rank,) if hsdp else ())
