@@ -22,7 +22,6 @@ through pinned CPU buffers (`offload_optimizer.buffer_count` = 4 of the largest 
 from __future__ import annotations
 
 import functools
-
 from fractions import Fraction
 from typing import NamedTuple
 

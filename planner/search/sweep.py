@@ -864,8 +864,7 @@ def memory_columns(model: ModelSpec, cluster: Cluster, setup: TrainSetup,
     capacity = (cluster.gpu.memory_bytes - reserve_column(
         cluster.gpu, setup.reserve_gib, tp, one["pp"], one["dp"], cp)).take(group)
     kind_stage = np.stack([np.ones_like(tp), stage_no[:, 1], stage_no[:, 2], one["pp"]], axis=1)
-    peak_stage = kind_stage.ravel().take(group * 4 + peak_kind)  # the stage number of each
-    # candidate's peak kind
+    peak_stage = kind_stage.ravel().take(group * 4 + peak_kind)  # each one's peak kind's stage
     out = dict(gpu_peak_bytes=gpu_peak, peak_stage=peak_stage,
                headroom_bytes=capacity - gpu_peak, node_cpu_bytes=node_cpu, node_nvme_bytes=node_nvme)
     g = steptime.group_times(model, cluster, setup, one, tables["max_layers"][:, 0].take(inv_one),
