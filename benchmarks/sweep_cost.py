@@ -21,41 +21,22 @@ sweep, as one `zplan sweep` sees it). For the two spaces of `sweep_speed.py` it 
 
 from __future__ import annotations
 
-import os
 import sys
-import time
 from pathlib import Path
 
-for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
-    os.environ[var] = "1"
-if hasattr(os, "sched_setaffinity"):
-    os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})
-
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+# sweep_speed pins one core, sets the BLAS thread counts to 1 before numpy loads and puts the
+# checkout on sys.path
+from sweep_speed import CASES, best_of, space  # noqa: E402
 
 import numpy as np  # noqa: E402
-from sweep_speed import CASES, clear_caches  # noqa: E402
 
-from planner.io import loading  # noqa: E402
-from planner.io.jobfile import make_setup  # noqa: E402
 from planner.search import heap, sweep  # noqa: E402
 
 GOAL_PER_S = 5e6
 """Issue 9's goal: layouts evaluated per second, whole sweep(), one core."""
 REPEATS = 7
-
-
-def least_cpu_s(fn, repeats: int = REPEATS) -> float:
-    """Least CPU time of `fn` over the repeats, each after clearing the planner's caches."""
-    times = []
-    for _ in range(repeats):
-        clear_caches()
-        start = time.process_time()
-        fn()
-        times.append(time.process_time() - start)
-    return min(times)
+"""Cold repetitions of each figure (the least CPU time is kept, `sweep_speed.best_of`)."""
 
 
 def per_row_s(model, cluster, setup, c, cands, key) -> tuple[float, float]:
@@ -71,26 +52,22 @@ def per_row_s(model, cluster, setup, c, cands, key) -> tuple[float, float]:
         def memory_and_states():
             memory()[1].evaluate(quarter)
 
-        t_memory = least_cpu_s(memory)
-        out[k] = (t_memory, least_cpu_s(memory_and_states) - t_memory, len(quarter))
+        t_memory = best_of(memory, REPEATS)
+        out[k] = (t_memory, best_of(memory_and_states, REPEATS) - t_memory, len(quarter))
     memory_s = (out[16][0] - out[4][0]) / (12 * n)
     states_s = (out[16][1] - out[4][1]) / (out[16][2] - out[4][2])
     return memory_s, states_s
 
 
 def case(model_name: str, gpus: int, batch: int) -> None:
-    model = loading.load_model(model_name)
-    cluster = loading.cluster_for_gpus("a100-80gb", gpus)
-    setup = make_setup(2048, batch, 300e9)
-    c = sweep.Constraints()
-    cands, _, key = sweep.enumerate_product(model, cluster, setup, c)
+    model, cluster, setup, c, cands, key = space(model_name, gpus, batch)
     n = len(cands)
     result = sweep.sweep(model, cluster, setup, c)
-    whole_s = least_cpu_s(lambda: sweep.sweep(model, cluster, setup, c))
+    whole_s = best_of(lambda: sweep.sweep(model, cluster, setup, c), REPEATS)
     best = result.top[0].layout
     pinned = sweep.Constraints(tp=(best.tp,), pp=(best.pp,), micro_batch=(best.micro_batch,))
     n_pinned = len(sweep.enumerate_product(model, cluster, setup, pinned)[0])
-    pinned_s = least_cpu_s(lambda: sweep.sweep(model, cluster, setup, pinned))
+    pinned_s = best_of(lambda: sweep.sweep(model, cluster, setup, pinned), REPEATS)
     memory_s, states_s = per_row_s(model, cluster, setup, c, cands, key)
     rows_s = n * memory_s + result.timed * states_s
     budget_s = n / GOAL_PER_S

@@ -68,7 +68,7 @@ def clear_caches() -> None:
     spec._MODEL_HASHES.clear()
 
 
-def _best_of(fn, repeats=REPEATS) -> float:
+def best_of(fn, repeats=REPEATS) -> float:
     """Least CPU time (time.process_time) over the repeats: on a shared machine the wall clock
     also counts other jobs' time slices; one core is pinned, so CPU time is this job's cost.
     Caches are cleared before every repetition (`clear_caches`)."""
@@ -81,19 +81,26 @@ def _best_of(fn, repeats=REPEATS) -> float:
     return min(times)
 
 
-def in_process(model_name: str, gpus: int, batch: int) -> None:
+def space(model_name: str, gpus: int, batch: int):
+    """(model, cluster, setup, constraints, candidates, their group key) of a case: the full
+    space on `gpus` A100 80 GB, sequence 2048, no constraints."""
     model = loading.load_model(model_name)
     cluster = loading.cluster_for_gpus("a100-80gb", gpus)
     setup = make_setup(2048, batch, 300e9)
     c = sweep.Constraints()
     cands, _, key = sweep.enumerate_product(model, cluster, setup, c)
+    return model, cluster, setup, c, cands, key
+
+
+def in_process(model_name: str, gpus: int, batch: int) -> None:
+    model, cluster, setup, c, cands, key = space(model_name, gpus, batch)
     n = len(cands)
-    t_enum = _best_of(lambda: sweep.enumerate_product(model, cluster, setup, c))
-    t_eval = _best_of(lambda: sweep.evaluate(model, cluster, setup, cands, c, activity_key=key))
-    t_sweep = _best_of(lambda: sweep.sweep(model, cluster, setup, c))
+    t_enum = best_of(lambda: sweep.enumerate_product(model, cluster, setup, c))
+    t_eval = best_of(lambda: sweep.evaluate(model, cluster, setup, cands, c, activity_key=key))
+    t_sweep = best_of(lambda: sweep.sweep(model, cluster, setup, c))
     tiled = cands.take(np.tile(np.arange(n), 40))  # per-candidate (numpy) cost
     key40 = np.tile(key, 40)
-    t_tiled = _best_of(lambda: sweep.evaluate(model, cluster, setup, tiled, c,
+    t_tiled = best_of(lambda: sweep.evaluate(model, cluster, setup, tiled, c,
                                               activity_key=key40), 3)
     print(f"{model_name} on {gpus} x a100-80gb, global batch {batch}: {n:,} layouts")
     print(f"  enumerate {t_enum * 1e3:7.1f} ms   evaluate {t_eval * 1e3:7.1f} ms   "
@@ -104,8 +111,8 @@ def in_process(model_name: str, gpus: int, batch: int) -> None:
     print(f"  layouts/s, enumerate + evaluate() of every column of every layout: "
           f"{n / (t_enum + t_eval):12,.0f}")
     print(f"  layouts/s, evaluation of {40 * n:,} candidates (CPU time): {40 * n / t_tiled:12,.0f}")
-    t_strat = _best_of(lambda: strategies.strategy_minimums(model, cluster, setup), 5)
-    t_best = _best_of(lambda: sweep.best_layout(model, cluster, setup), 5)
+    t_strat = best_of(lambda: strategies.strategy_minimums(model, cluster, setup), 5)
+    t_best = best_of(lambda: sweep.best_layout(model, cluster, setup), 5)
     print(f"  zplan fit without a layout, in process: strategy minimums {t_strat * 1e3:6.1f} ms, "
           f"best layout {t_best * 1e3:6.1f} ms")
 
