@@ -101,7 +101,7 @@ def in_process(model_name: str, gpus: int, batch: int) -> None:
     tiled = cands.take(np.tile(np.arange(n), 40))  # per-candidate (numpy) cost
     key40 = np.tile(key, 40)
     t_tiled = best_of(lambda: sweep.evaluate(model, cluster, setup, tiled, c,
-                                              activity_key=key40), 3)
+                                             activity_key=key40), 3)
     print(f"{model_name} on {gpus} x a100-80gb, global batch {batch}: {n:,} layouts")
     print(f"  enumerate {t_enum * 1e3:7.1f} ms   evaluate {t_eval * 1e3:7.1f} ms   "
           f"sweep() (enumerate + evaluate + rank) {t_sweep * 1e3:7.1f} ms")
